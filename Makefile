@@ -1,0 +1,26 @@
+# `make demo` and `make test` work on a fresh machine with Python 3 and make.
+# PADDLE picks the paddlepaddle version; each version gets its own virtual environment.
+PYTHON ?= python3
+PADDLE ?= 3.3.1
+VENV := .venv-paddle$(PADDLE)
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test venv clean
+
+venv: $(STAMP)
+
+$(STAMP): setup.py
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[cpu,test]" "paddlepaddle==$(PADDLE)"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) examples/quickstart.py
+
+test: $(STAMP)
+	$(PY) -m pytest -q tests
+
+clean:
+	rm -rf .venv-paddle* *.egg-info .pytest_cache

@@ -1,0 +1,75 @@
+"""What the scaler needs to know about an optimizer object, Paddle's or a wrapper's."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import paddle
+
+# Attributes under which Paddle's wrappers (fleet's HybridParallelOptimizer and
+# MixPrecisionOptimizer, GroupSharded optimizers, DygraphShardingOptimizer) keep the
+# optimizer they drive.
+_INNER_OPTIMIZER_ATTRS = ("_inner_opt", "_optim", "_inner_optimizer", "inner_opt")
+_MAX_WRAPPER_DEPTH = 8
+
+_CLIPS_THAT_KEEP_ZERO = (
+    paddle.nn.ClipGradByGlobalNorm,
+    paddle.nn.ClipGradByNorm,
+    paddle.nn.ClipGradByValue,
+)
+
+
+def parameters_of(optimizer: Any) -> list:
+    """The parameters an optimizer updates, across its parameter groups."""
+    groups = getattr(optimizer, "_param_groups", None)
+    if groups and isinstance(groups[0], dict):
+        return [param for group in groups for param in group["params"]]
+    params = getattr(optimizer, "_parameter_list", None)
+    if params is None:
+        raise TypeError(
+            f"optimizer must be a paddle.optimizer.Optimizer built with parameters=..., "
+            f"got {type(optimizer).__name__} with no parameter list")
+    return list(params)
+
+
+def flag_taker(optimizer: Any) -> Any | None:
+    """The object whose ``_set_auxiliary_var('found_inf', flag)`` skips the step, if any.
+
+    Paddle's optimizers take the flag and read it once per step; a wrapper takes it
+    through the Paddle optimizer it drives.
+    """
+    candidate = optimizer
+    for _ in range(_MAX_WRAPPER_DEPTH):
+        if callable(getattr(candidate, "_set_auxiliary_var", None)):
+            return candidate
+        candidate = next((getattr(candidate, name) for name in _INNER_OPTIMIZER_ATTRS
+                          if getattr(candidate, name, None) is not None), None)
+        if candidate is None:
+            return None
+    return None
+
+
+def zero_grads_make_no_update(optimizer: Any) -> bool:
+    """True when a step with all-zero gradients leaves every parameter bit-for-bit as it was.
+
+    That holds for Paddle's plain SGD (``p - lr * 0 == p``, no accumulators) as long as
+    nothing turns a zero gradient into a non-zero one: no weight decay, and no clipping
+    other than Paddle's own (which maps zero to zero). Such a step can be skipped by
+    zeroing the gradients on the device, with no host read at all.
+    """
+    if type(optimizer) is not paddle.optimizer.SGD:
+        return False
+    if optimizer.regularization is not None:
+        return False
+    if not _keeps_zero(getattr(optimizer, "_grad_clip", None)):
+        return False
+    groups = optimizer._param_groups
+    if groups and isinstance(groups[0], dict):
+        if any(group.get("weight_decay") is not None or not _keeps_zero(group.get("grad_clip"))
+               for group in groups):
+            return False
+    return all(getattr(param, "regularizer", None) is None for param in parameters_of(optimizer))
+
+
+def _keeps_zero(clip: Any) -> bool:
+    return clip is None or type(clip) in _CLIPS_THAT_KEEP_ZERO

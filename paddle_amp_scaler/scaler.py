@@ -1,0 +1,400 @@
+"""AmpScaler and GradScaler: the per-iteration state machine around Paddle's AMP kernels."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections import defaultdict
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+import paddle
+from paddle.amp.auto_cast import amp_global_state
+from paddle.amp.grad_scaler import OptimizerState
+
+from . import kernels, optimizers, validation
+from .state import ScalerState, parse_state_dict
+
+logger = logging.getLogger("paddle_amp_scaler")
+
+Tensor = paddle.Tensor
+
+
+def _fresh_optimizer_state() -> dict:
+    # A module-level factory, like Paddle's and PyTorch's, so that a scaler holding a
+    # defaultdict of these can be pickled and deep-copied.
+    return {"state": OptimizerState.INIT, "found_inf": None}
+
+
+def _read_back(tensor: Tensor) -> np.ndarray:
+    """Copy a device tensor to the host: a device sync, for getters and state_dict only."""
+    return np.array(tensor.numpy(), copy=True)
+
+
+class AmpScaler:
+    """Dynamic loss scaling for Paddle dygraph, with the API of Paddle's ``AmpScaler``.
+
+    Once per iteration, with ``found`` = any inf/nan among the unscaled gradients::
+
+        if found:
+            incr_count = 0; decr_count += 1
+            if decr_count == decr_every_n_nan_or_inf:
+                scale = max(scale * decr_ratio, 1.0); decr_count = 0
+        else:
+            decr_count = 0; incr_count += 1
+            if incr_count == incr_every_n_steps:
+                scale *= incr_ratio  (unless that overflows float32); incr_count = 0
+
+    and a step with ``found`` set leaves parameters and optimizer state untouched.
+
+    The scale, both counters and the found-inf flag are tensors on the device, updated
+    there by Paddle's ``check_finite_and_unscale`` and ``update_loss_scaling`` kernels:
+    ``scale``, ``unscale_``, ``minimize``, ``step`` and ``update`` never wait for the
+    device. The getters and ``state_dict`` read it back, which costs a device sync.
+    """
+
+    def __init__(
+        self,
+        enable: bool = True,
+        init_loss_scaling: float = 2.0**15,
+        incr_ratio: float = 2.0,
+        decr_ratio: float = 0.5,
+        incr_every_n_steps: int = 1000,
+        decr_every_n_nan_or_inf: int = 1,
+        use_dynamic_loss_scaling: bool = True,
+    ) -> None:
+        self._enable = validation.check_bool(enable, "enable")
+        self._init_loss_scaling = validation.check_scale(init_loss_scaling, "init_loss_scaling")
+        self._incr_ratio = validation.check_incr_ratio(incr_ratio)
+        self._decr_ratio = validation.check_decr_ratio(decr_ratio)
+        self._incr_every_n_steps = validation.check_period(incr_every_n_steps, "incr_every_n_steps")
+        self._decr_every_n_nan_or_inf = validation.check_period(
+            decr_every_n_nan_or_inf, "decr_every_n_nan_or_inf")
+        self._use_dynamic_loss_scaling = validation.check_bool(
+            use_dynamic_loss_scaling, "use_dynamic_loss_scaling")
+
+        self._scale = paddle.to_tensor([self._init_loss_scaling], dtype="float32")
+        self._incr_count = paddle.zeros([1], dtype="int32")
+        self._decr_count = paddle.zeros([1], dtype="int32")
+        self._temp_found_inf_value_false = paddle.to_tensor([False])
+        self._found_inf: Any = self._temp_found_inf_value_false
+        self._cache_found_inf: Any = None
+        self._optimizer_states: defaultdict = defaultdict(_fresh_optimizer_state)
+        # Stands in for update_loss_scaling's gradient list, which may not be empty.
+        self._update_scratch = paddle.zeros([1], dtype="float32")
+
+    # -- the training step ------------------------------------------------------------
+
+    def scale(self, var: Tensor) -> Tensor:
+        """Return ``var * scale`` (float32, or float64 for a float64 ``var``), same shape."""
+        if not isinstance(var, Tensor):
+            raise TypeError(f"scale() takes a paddle.Tensor as var, got {type(var).__name__}")
+        self._switch_off_for_bfloat16()
+        if not self._enable or not var._is_initialized():
+            return var
+        # A 0-d factor keeps a 0-d loss 0-d.
+        factor = self._scale.reshape([])
+        if var.dtype == paddle.float64:
+            return var * factor.astype(paddle.float64)
+        if var.dtype != paddle.float32:
+            var = var.astype(paddle.float32)
+        return var * factor
+
+    def unscale_(self, optimizer: Any) -> None:
+        """Divide the optimizer's gradients by the scale in place and check them for inf/nan.
+
+        Call it at most once per optimizer per iteration, before ``step``; it is what
+        lets you clip or inspect true gradient values.
+        """
+        if not self._enable:
+            return
+        state = self._optimizer_states[id(optimizer)]
+        _refuse_unscale_in(state["state"])
+        self._unscale_and_record(optimizer, state)
+
+    def minimize(self, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+        """Unscale (unless done), ``optimizer.minimize(*args, **kwargs)`` unless inf/nan
+        was found, then update the scale. Returns what ``optimizer.minimize`` returned."""
+        if not self._enable:
+            return optimizer.minimize(*args, **kwargs)
+        state = self._optimizer_states[id(optimizer)]
+        self._prepare_step(optimizer, state)
+        result = self._step_or_skip(optimizer, state,
+                                    lambda: optimizer.minimize(*args, **kwargs))
+        state["state"] = OptimizerState.STEPPED
+        self._finish_iteration()
+        return (None, None) if result is _SKIPPED_ON_HOST else result
+
+    # -- hooks that Paddle's distributed wrappers replace or read --------------------
+
+    def _unscale(self, optimizer: Any) -> None:
+        """Unscale and check one optimizer's gradients; the verdict goes to ``_found_inf``.
+
+        ``unscale_``, ``step`` and ``minimize`` call this through the instance, so a
+        wrapper that replaces it (fleet's ``distributed_scaler`` does) takes effect.
+        """
+        if not self._enable:
+            return
+        state = self._optimizer_states[id(optimizer)]
+        _refuse_unscale_in(state["state"])
+        grads = kernels.grads_to_unscale(optimizers.parameters_of(optimizer))
+        self._found_inf = kernels.unscale_and_check_(grads, self._scale,
+                                                     self._temp_found_inf_value_false)
+        state["state"] = OptimizerState.UNSCALED
+
+    # -- internals ----------------------------------------------------------------
+
+    def _switch_off_for_bfloat16(self) -> None:
+        # bfloat16 has float32's exponent range: gradients do not underflow, and scaling
+        # only costs time. Paddle's scaler also switches off when no auto_cast was
+        # entered at all (the global dtype then reads float32); this one does not.
+        if (self._enable and self._use_dynamic_loss_scaling
+                and amp_global_state().amp_dtype == "bfloat16"):
+            warnings.warn(
+                "dynamic loss scaling is not needed under auto_cast(dtype='bfloat16'); "
+                "the scaler switches itself off (is_enable() is now False)",
+                UserWarning, stacklevel=3)
+            self._enable = False
+
+    def _unscale_and_record(self, optimizer: Any, state: dict) -> None:
+        self._unscale(optimizer)
+        # A replaced _unscale may neither mark the state nor keep per-optimizer verdicts.
+        state["found_inf"] = self._found_inf
+        state["state"] = OptimizerState.UNSCALED
+
+    def _prepare_step(self, optimizer: Any, state: dict) -> None:
+        if state["state"] is OptimizerState.STEPPED:
+            raise RuntimeError(
+                "step() has already been called for this optimizer since the last "
+                "update(); call scaler.update() once per iteration, after the last step()")
+        if state["state"] is OptimizerState.INIT:
+            self._unscale_and_record(optimizer, state)
+
+    def _step_or_skip(self, optimizer: Any, state: dict, run_step: Callable[[], Any]) -> Any:
+        """Run ``run_step`` so that it changes nothing when this optimizer found inf/nan."""
+        found_inf = state["found_inf"]
+        self._found_inf = found_inf
+        if not isinstance(found_inf, Tensor):
+            # A wrapper's _unscale already brought the verdict to the host.
+            self._cache_found_inf = bool(found_inf)
+            return _SKIPPED_ON_HOST if found_inf else run_step()
+
+        taker = optimizers.flag_taker(optimizer)
+        if optimizers.zero_grads_make_no_update(optimizer):
+            grads = kernels.grads_to_unscale(optimizers.parameters_of(optimizer))
+            kernels.zero_if_found_(grads, found_inf, self._scale, self._incr_count,
+                                   self._decr_count)
+            # A flag left over from another scaler would make Paddle read it.
+            taker._set_auxiliary_var("found_inf", None)
+            self._cache_found_inf = found_inf
+            return run_step()
+        if taker is not None:
+            taker._set_auxiliary_var("found_inf", found_inf)
+            result = run_step()
+            self._cache_found_inf = taker._get_auxiliary_var("found_inf")
+            return result
+        # An optimizer that cannot be told to skip: the one host read API.md allows.
+        self._cache_found_inf = bool(found_inf)
+        return _SKIPPED_ON_HOST if self._cache_found_inf else run_step()
+
+    def _finish_iteration(self) -> None:
+        """Update the scale from every optimizer stepped since the last update; reset."""
+        if self._use_dynamic_loss_scaling:
+            verdicts = [self._as_flag(state["found_inf"])
+                        for state in self._optimizer_states.values()
+                        if state["state"] is OptimizerState.STEPPED]
+            kernels.update_scale_(
+                kernels.any_of(verdicts), self._scale, self._incr_count, self._decr_count,
+                self._update_scratch,
+                incr_every_n_steps=self._incr_every_n_steps,
+                decr_every_n_nan_or_inf=self._decr_every_n_nan_or_inf,
+                incr_ratio=self._incr_ratio, decr_ratio=self._decr_ratio)
+        self._optimizer_states = defaultdict(_fresh_optimizer_state)
+
+    def _as_flag(self, found_inf: Any) -> Tensor:
+        if isinstance(found_inf, Tensor):
+            return found_inf
+        return paddle.to_tensor([bool(found_inf)], place=self._scale.place)
+
+    # -- getters and setters ------------------------------------------------------
+
+    def is_enable(self) -> bool:
+        return self._enable
+
+    def is_use_dynamic_loss_scaling(self) -> bool:
+        return self._use_dynamic_loss_scaling
+
+    def get_loss_scaling(self) -> float:
+        """The current scale (reads the device); 1.0 when disabled."""
+        return float(_read_back(self._scale)[0]) if self._enable else 1.0
+
+    def get_init_loss_scaling(self) -> float:
+        return self._init_loss_scaling if self._enable else 1.0
+
+    def set_init_loss_scaling(self, new_init_loss_scaling: float) -> None:
+        """Set the initial scale, and the current scale with it."""
+        value = validation.check_scale(new_init_loss_scaling, "new_init_loss_scaling")
+        self._init_loss_scaling = value
+        self._scale.fill_(value)
+
+    def get_incr_ratio(self) -> float:
+        return self._incr_ratio
+
+    def set_incr_ratio(self, new_incr_ratio: float) -> None:
+        self._incr_ratio = validation.check_incr_ratio(new_incr_ratio, "new_incr_ratio")
+
+    def get_decr_ratio(self) -> float:
+        return self._decr_ratio
+
+    def set_decr_ratio(self, new_decr_ratio: float) -> None:
+        self._decr_ratio = validation.check_decr_ratio(new_decr_ratio, "new_decr_ratio")
+
+    def get_incr_every_n_steps(self) -> int:
+        return self._incr_every_n_steps
+
+    def set_incr_every_n_steps(self, new_incr_every_n_steps: int) -> None:
+        """Set the growth period; a streak already that long grows at the next finite step."""
+        period = validation.check_period(new_incr_every_n_steps, "new_incr_every_n_steps")
+        self._incr_every_n_steps = period
+        _clamp_below_(self._incr_count, period)
+
+    def get_decr_every_n_nan_or_inf(self) -> int:
+        return self._decr_every_n_nan_or_inf
+
+    def set_decr_every_n_nan_or_inf(self, new_decr_every_n_nan_or_inf: int) -> None:
+        """Set the back-off period; a streak already that long backs off at the next inf/nan."""
+        period = validation.check_period(new_decr_every_n_nan_or_inf,
+                                         "new_decr_every_n_nan_or_inf")
+        self._decr_every_n_nan_or_inf = period
+        _clamp_below_(self._decr_count, period)
+
+    def get_incr_count(self) -> int:
+        """Finite steps since the last increase or inf/nan step (reads the device)."""
+        return int(_read_back(self._incr_count)[0])
+
+    def set_incr_count(self, new_incr_count: int) -> None:
+        count = validation.check_count(new_incr_count, "new_incr_count",
+                                       self._incr_every_n_steps, "incr_every_n_steps")
+        self._incr_count.fill_(count)
+
+    def get_decr_count(self) -> int:
+        """Inf/nan steps since the last decrease or finite step (reads the device)."""
+        return int(_read_back(self._decr_count)[0])
+
+    def set_decr_count(self, new_decr_count: int) -> None:
+        count = validation.check_count(new_decr_count, "new_decr_count",
+                                       self._decr_every_n_nan_or_inf, "decr_every_n_nan_or_inf")
+        self._decr_count.fill_(count)
+
+    # -- state_dict -----------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        """The scaler's state in Paddle's format (reads the device); ``{}`` when disabled."""
+        if not self._enable:
+            return {}
+        return ScalerState(
+            scale=float(_read_back(self._scale)[0]),
+            incr_ratio=self._incr_ratio,
+            decr_ratio=self._decr_ratio,
+            incr_every_n_steps=self._incr_every_n_steps,
+            decr_every_n_nan_or_inf=self._decr_every_n_nan_or_inf,
+            incr_count=self.get_incr_count(),
+            decr_count=self.get_decr_count(),
+            use_dynamic_loss_scaling=self._use_dynamic_loss_scaling,
+        ).to_paddle_dict()
+
+    def load_state_dict(self, state_dict: Mapping) -> None:
+        """Load a state dict of this package, of Paddle's scalers or of PyTorch's GradScaler.
+
+        A bad dict raises ``ValueError`` naming the key and leaves the scaler unchanged.
+        Like Paddle's, loading also makes the loaded scale the initial scale.
+        """
+        if not self._enable:
+            return
+        if isinstance(state_dict, Mapping) and len(state_dict) == 0:
+            raise RuntimeError(
+                "load_state_dict() got an empty dict, which is what a disabled scaler "
+                "saves; load it into a scaler built with enable=False, or pass the "
+                "state_dict of an enabled one")
+        loaded = parse_state_dict(state_dict)
+        self._init_loss_scaling = loaded.scale
+        self._scale.fill_(loaded.scale)
+        self._incr_ratio = loaded.incr_ratio
+        self._decr_ratio = loaded.decr_ratio
+        self._incr_every_n_steps = loaded.incr_every_n_steps
+        self._decr_every_n_nan_or_inf = loaded.decr_every_n_nan_or_inf
+        self._incr_count.fill_(loaded.incr_count)
+        self._decr_count.fill_(loaded.decr_count)
+        self._use_dynamic_loss_scaling = loaded.use_dynamic_loss_scaling
+
+
+class GradScaler(AmpScaler):
+    """``AmpScaler`` with the split form of ``minimize``: ``step(optimizer)`` then ``update()``.
+
+    Typical use::
+
+        scaler = GradScaler()
+        with auto_cast():
+            loss = model(x).mean()
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)      # skipped when inf/nan was found
+        scaler.update()             # once per iteration, however many optimizers
+        optimizer.clear_grad()
+    """
+
+    def __init__(
+        self,
+        enable: bool = True,
+        init_loss_scaling: float = 2.0**16,
+        incr_ratio: float = 2.0,
+        decr_ratio: float = 0.5,
+        incr_every_n_steps: int = 2000,
+        decr_every_n_nan_or_inf: int = 1,
+        use_dynamic_loss_scaling: bool = True,
+    ) -> None:
+        super().__init__(enable, init_loss_scaling, incr_ratio, decr_ratio,
+                         incr_every_n_steps, decr_every_n_nan_or_inf,
+                         use_dynamic_loss_scaling)
+
+    def step(self, optimizer: Any) -> None:
+        """Unscale (unless done), then ``optimizer.step()`` unless inf/nan was found."""
+        if not self._enable:
+            optimizer.step()
+            return
+        state = self._optimizer_states[id(optimizer)]
+        self._prepare_step(optimizer, state)
+        self._step_or_skip(optimizer, state, optimizer.step)
+        state["state"] = OptimizerState.STEPPED
+
+    def update(self) -> None:
+        """Update the scale once for this iteration: backs off if any stepped optimizer
+        found inf/nan. Call it after the last ``step()`` of every iteration."""
+        if not self._enable:
+            return
+        if not any(state["state"] is OptimizerState.STEPPED
+                   for state in self._optimizer_states.values()):
+            raise RuntimeError(
+                "update() was called with no step() since the last update(); call "
+                "scaler.step(optimizer) for each optimizer first, then update() once")
+        self._finish_iteration()
+
+
+# What _step_or_skip returns when it skipped without calling the optimizer.
+_SKIPPED_ON_HOST = object()
+
+
+def _refuse_unscale_in(stage: OptimizerState) -> None:
+    if stage is OptimizerState.UNSCALED:
+        raise RuntimeError(
+            "unscale_() has already been called on this optimizer since the last "
+            "update(); call it at most once per optimizer per iteration")
+    if stage is OptimizerState.STEPPED:
+        raise RuntimeError(
+            "unscale_() was called after step() for this optimizer; call unscale_() "
+            "before step(), or call update() to start the next iteration")
+
+
+def _clamp_below_(counter: Tensor, period: int) -> None:
+    # On the device, so that shortening a period needs no read of the counter.
+    paddle.assign(paddle.minimum(counter, paddle.full_like(counter, period - 1)), output=counter)

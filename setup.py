@@ -1,0 +1,24 @@
+from setuptools import setup
+
+setup(
+    name="paddle-amp-scaler",
+    version="0.1.0",
+    description="Dynamic loss scaling for PaddlePaddle dygraph, with Paddle's scaler API",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    packages=["paddle_amp_scaler"],
+    package_data={"paddle_amp_scaler": ["py.typed"]},
+    python_requires=">=3.9",
+    # Paddle comes in two builds that both provide `paddle`: the user picks one.
+    install_requires=["numpy"],
+    extras_require={
+        "cpu": ["paddlepaddle>=2.6"],
+        "gpu": ["paddlepaddle-gpu>=2.6"],
+        "test": ["pytest>=7", "hypothesis>=6"],
+    },
+    classifiers=[
+        "Programming Language :: Python :: 3",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+        "Typing :: Typed",
+    ],
+)

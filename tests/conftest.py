@@ -1,0 +1,19 @@
+import os
+import sys
+import warnings
+
+import paddle
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+warnings.filterwarnings("ignore", message="No ccache found")
+paddle.set_device("cpu")
+
+
+@pytest.fixture(autouse=True)
+def _restore_amp_dtype():
+    # Paddle's auto_cast leaves its global dtype behind; keep tests independent.
+    from paddle.amp.auto_cast import amp_global_state
+    saved = amp_global_state().amp_dtype
+    yield
+    amp_global_state().amp_dtype = saved

@@ -1,0 +1,156 @@
+"""Shared test helpers: tiny models, overflow injection, host-read counting, Paddle's oracle."""
+
+import contextlib
+import os
+import sys
+import types
+
+import numpy as np
+import paddle
+
+import paddle_amp_scaler
+
+_PACKAGE_DIR = os.path.dirname(paddle_amp_scaler.__file__)
+_PADDLE_DIR = os.path.dirname(paddle.__file__)
+
+
+def make_model(seed=0, hidden=16, depth=2):
+    paddle.seed(seed)
+    layers = [paddle.nn.Linear(8, hidden), paddle.nn.Tanh()]
+    for _ in range(depth - 1):
+        layers += [paddle.nn.Linear(hidden, hidden), paddle.nn.Tanh()]
+    layers.append(paddle.nn.Linear(hidden, 4))
+    return paddle.nn.Sequential(*layers)
+
+
+def batches(seed=0, steps=6, size=16):
+    rng = np.random.default_rng(seed)
+    return [(paddle.to_tensor(rng.standard_normal((size, 8)).astype("float32")),
+             paddle.to_tensor(rng.standard_normal((size, 4)).astype("float32")))
+            for _ in range(steps)]
+
+
+def loss_of(model, batch):
+    x, y = batch
+    return paddle.nn.functional.mse_loss(model(x), y)
+
+
+def params_of(model):
+    return [p.numpy().copy() for p in model.parameters()]
+
+
+def optimizer_state_of(optimizer, params):
+    """Every accumulator and master weight, as numpy, keyed by parameter position and kind.
+
+    Paddle names accumulators after the parameter's global unique name, which differs
+    between two otherwise identical runs; the position in ``params`` does not.
+    """
+    names = sorted(((p.name, f"param{i}") for i, p in enumerate(params)),
+                   key=lambda pair: -len(pair[0]))
+    state = {}
+    for key, value in optimizer.state_dict().items():
+        if isinstance(value, paddle.Tensor):
+            for name, position in names:
+                if key.startswith(name):
+                    key = position + key[len(name):]
+                    break
+            state[key] = value.numpy().copy()
+    return state
+
+
+class GradInjector:
+    """Replaces one parameter's gradient with inf or nan on the backward passes chosen."""
+
+    def __init__(self, param):
+        self.value = None
+        param.register_hook(self._hook)
+
+    def _hook(self, grad):
+        if self.value is None:
+            return grad
+        return paddle.full_like(grad, self.value)
+
+    @contextlib.contextmanager
+    def inject(self, value):
+        self.value = value
+        try:
+            yield
+        finally:
+            self.value = None
+
+
+_READ_METHODS = ("__bool__", "__nonzero__", "numpy", "item", "tolist", "__float__",
+                 "__int__", "__index__", "__array__")
+
+
+class HostReadCounter:
+    """Counts reads of tensors back to the host, by who made them: scaler, paddle, other.
+
+    Only the outermost read is counted (``__bool__`` calling ``numpy`` is one read).
+    """
+
+    def __init__(self):
+        self.reads = {"scaler": 0, "paddle": 0, "other": 0}
+        self.where = []
+        self._depth = 0
+
+    def total(self):
+        return sum(self.reads.values())
+
+    def _wrap(self, original):
+        counter = self
+
+        def counting(tensor, *args, **kwargs):
+            if counter._depth == 0:
+                caller = sys._getframe(1).f_code.co_filename
+                origin = ("scaler" if caller.startswith(_PACKAGE_DIR) else
+                          "paddle" if caller.startswith(_PADDLE_DIR) else "other")
+                counter.reads[origin] += 1
+                counter.where.append((origin, caller, sys._getframe(1).f_lineno))
+            counter._depth += 1
+            try:
+                return original(tensor, *args, **kwargs)
+            finally:
+                counter._depth -= 1
+        return counting
+
+    @contextlib.contextmanager
+    def counting(self):
+        saved = {name: paddle.Tensor.__dict__.get(name) for name in _READ_METHODS}
+        try:
+            for name in _READ_METHODS:
+                original = getattr(paddle.Tensor, name, None)
+                if original is not None:
+                    setattr(paddle.Tensor, name, self._wrap(original))
+            yield self
+        finally:
+            for name, original in saved.items():
+                if original is None:
+                    if name in paddle.Tensor.__dict__:
+                        delattr(paddle.Tensor, name)
+                else:
+                    setattr(paddle.Tensor, name, original)
+
+
+def paddle_oracle(monkeypatch, **kwargs):
+    """Paddle's own GradScaler, enabled on CPU, for step-by-step comparison.
+
+    It switches itself off unless the tracer reports a GPU place and the global AMP
+    dtype is float16; and its back-off log line calls float() on a shape-[1] tensor,
+    which NumPy 2 refuses. All three are patched for the test's duration.
+    """
+    from paddle.amp import grad_scaler
+    from paddle.amp.auto_cast import amp_global_state
+
+    gpu_place = types.SimpleNamespace(is_gpu_place=lambda: True, is_xpu_place=lambda: False,
+                                      is_custom_place=lambda: False)
+    monkeypatch.setattr(grad_scaler, "_dygraph_tracer",
+                        lambda: types.SimpleNamespace(_expected_place=gpu_place))
+    monkeypatch.setattr(amp_global_state(), "amp_dtype", "float16")
+    original_float = paddle.Tensor.__float__
+    monkeypatch.setattr(paddle.Tensor, "__float__",
+                        lambda t: original_float(t.reshape([])) if t.size == 1 else original_float(t))
+    oracle = paddle.amp.GradScaler(**kwargs)
+    if not oracle.is_enable():
+        raise RuntimeError("could not enable Paddle's GradScaler on CPU for the oracle")
+    return oracle

@@ -1,0 +1,45 @@
+"""An independent, pure-Python model of the dynamic loss-scaling rule (API.md).
+
+Arithmetic is float32, as on the device: ``scale * ratio`` is a float32 product.
+"""
+
+import dataclasses
+
+import numpy as np
+
+
+@dataclasses.dataclass
+class ReferenceScaler:
+    scale: float
+    incr_ratio: float = 2.0
+    decr_ratio: float = 0.5
+    incr_every_n_steps: int = 1000
+    decr_every_n_nan_or_inf: int = 1
+    incr_count: int = 0
+    decr_count: int = 0
+    dynamic: bool = True
+
+    def __post_init__(self):
+        self.scale = np.float32(self.scale)
+
+    def update(self, found_inf: bool) -> None:
+        if not self.dynamic:
+            return
+        if found_inf:
+            self.incr_count = 0
+            self.decr_count += 1
+            if self.decr_count == self.decr_every_n_nan_or_inf:
+                self.scale = max(self.scale * np.float32(self.decr_ratio), np.float32(1.0))
+                self.decr_count = 0
+        else:
+            self.decr_count = 0
+            self.incr_count += 1
+            if self.incr_count == self.incr_every_n_steps:
+                with np.errstate(over="ignore"):
+                    grown = self.scale * np.float32(self.incr_ratio)
+                if np.isfinite(grown):
+                    self.scale = grown
+                self.incr_count = 0
+
+    def snapshot(self):
+        return float(self.scale), self.incr_count, self.decr_count
