@@ -154,3 +154,10 @@ def paddle_oracle(monkeypatch, **kwargs):
     if not oracle.is_enable():
         raise RuntimeError("could not enable Paddle's GradScaler on CPU for the oracle")
     return oracle
+
+
+def oracle_skipped(oracle):
+    """Whether Paddle's scaler skipped its last step (Paddle 2.6 misspells the field)."""
+    if hasattr(oracle, "_cache_founf_inf"):
+        return bool(oracle._cache_founf_inf)
+    return bool(oracle._cache_found_inf)
