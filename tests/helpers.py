@@ -35,6 +35,28 @@ def loss_of(model, batch):
     return paddle.nn.functional.mse_loss(model(x), y)
 
 
+def finish_step(scaler, optimizer, api="step_update", scaled=None):
+    """The optimizer half of a training step: plain, ``step`` + ``update``, or ``minimize``."""
+    if scaler is None:
+        optimizer.step()
+    elif api == "minimize":
+        scaler.minimize(optimizer, scaled)
+    else:
+        scaler.step(optimizer)
+        scaler.update()
+    optimizer.clear_grad()
+
+
+def train_step(scaler, model, optimizer, batch, api="step_update", injector=None, inject=None,
+               loss_factor=1.0):
+    """One whole training step, with ``inject`` (inf/nan) written into one gradient."""
+    with injector.inject(inject) if injector is not None else contextlib.nullcontext():
+        loss = loss_of(model, batch) * loss_factor
+        scaled = loss if scaler is None else scaler.scale(loss)
+        scaled.backward()
+    finish_step(scaler, optimizer, api, scaled)
+
+
 def params_of(model):
     return [p.numpy().copy() for p in model.parameters()]
 

@@ -10,7 +10,7 @@ import pytest
 from paddle import _C_ops, _legacy_C_ops
 from paddle.amp.grad_scaler import OptimizerState
 
-from helpers import GradInjector, batches, loss_of, make_model, params_of
+from helpers import GradInjector, batches, loss_of, make_model, params_of, train_step
 from paddle_amp_scaler import AmpScaler, GradScaler
 
 
@@ -65,14 +65,7 @@ def test_a_replaced_unscale_takes_effect_in_step_and_minimize(inject):
         scaler.replaced_calls = 0
         scaler._unscale = MethodType(fleet_style_unscale, scaler)
         before = params_of(model)
-        with injector.inject(inject):
-            scaled = scaler.scale(loss_of(model, batches(steps=1)[0]))
-            scaled.backward()
-        if api == "minimize":
-            scaler.minimize(optimizer, scaled)
-        else:
-            scaler.step(optimizer)
-            scaler.update()
+        train_step(scaler, model, optimizer, batches(steps=1)[0], api, injector, inject)
         assert scaler.replaced_calls == 1
         changed = [not np.array_equal(a, b) for a, b in zip(before, params_of(model))]
         assert all(changed) if inject is None else not any(changed)

@@ -7,7 +7,8 @@ import numpy as np
 import paddle
 import pytest
 
-from helpers import GradInjector, batches, loss_of, make_model, optimizer_state_of, params_of
+from helpers import (GradInjector, batches, loss_of, make_model, optimizer_state_of, params_of,
+                     train_step)
 from paddle_amp_scaler import AmpScaler, GradScaler
 from paddle_amp_scaler.testing import emulate_fp16_grads
 from test_training_equivalence import OPTIMIZERS
@@ -35,27 +36,16 @@ def test_overflow_step_changes_nothing(name, api, value):
     scaler = GradScaler(init_loss_scaling=2.0**10)
     data = batches(steps=4)
 
-    def train_step(batch, inject=None):
-        with injector.inject(inject):
-            scaled = scaler.scale(loss_of(model, batch))
-            scaled.backward()
-        if api == "minimize":
-            scaler.minimize(optimizer, scaled)
-        else:
-            scaler.step(optimizer)
-            scaler.update()
-        optimizer.clear_grad()
-
     # Two real steps first, so that accumulators exist and are non-trivial.
-    train_step(data[0])
-    train_step(data[1])
+    train_step(scaler, model, optimizer, data[0], api)
+    train_step(scaler, model, optimizer, data[1], api)
     before = snapshot(model, optimizer)
-    train_step(data[2], inject=value)
+    train_step(scaler, model, optimizer, data[2], api, injector, inject=value)
     assert_unchanged(before, snapshot(model, optimizer))
     assert scaler.get_loss_scaling() == 2.0**9
     assert bool(scaler._cache_found_inf)
     # The run goes on normally afterwards.
-    train_step(data[3])
+    train_step(scaler, model, optimizer, data[3], api)
     assert not bool(scaler._cache_found_inf)
     assert any(not np.array_equal(a, b) for a, b in zip(before[0], params_of(model)))
 
@@ -68,10 +58,7 @@ def test_fp16_emulated_overflow_backs_off_until_grads_fit():
     scaler = GradScaler(init_loss_scaling=2.0**24)
     skipped = []
     for batch in batches(steps=12):
-        scaler.scale(loss_of(model, batch)).backward()
-        scaler.step(optimizer)
-        scaler.update()
-        optimizer.clear_grad()
+        train_step(scaler, model, optimizer, batch)
         skipped.append(bool(scaler._cache_found_inf))
     assert skipped[0] and not skipped[-1]
     first_good = skipped.index(False)

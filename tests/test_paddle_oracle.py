@@ -4,13 +4,12 @@ counters and parameters agree step by step wherever API.md says they should."""
 import math
 
 import numpy as np
-import paddle
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import (GradInjector, batches, loss_of, make_model, oracle_skipped, paddle_oracle,
-                     params_of)
+from helpers import (GradInjector, batches, make_model, oracle_skipped, paddle_oracle, params_of,
+                     train_step)
 from paddle_amp_scaler import GradScaler
 from test_training_equivalence import OPTIMIZERS
 
@@ -27,15 +26,7 @@ def run_side_by_side(monkeypatch, schedule, optimizer_name, api, **config):
     data = batches(steps=len(schedule))
     for step, kind in enumerate(schedule):
         for scaler, model, optimizer, injector in sides:
-            with injector.inject(INJECTED[kind]):
-                scaled = scaler.scale(loss_of(model, data[step]))
-                scaled.backward()
-            if api == "minimize":
-                scaler.minimize(optimizer, scaled)
-            else:
-                scaler.step(optimizer)
-                scaler.update()
-            optimizer.clear_grad()
+            train_step(scaler, model, optimizer, data[step], api, injector, INJECTED[kind])
         (_, our_model, _, _), (_, their_model, _, _) = sides
         context = f"step {step} ({kind})"
         assert ours.get_loss_scaling() == float(theirs._scale.numpy()[0]), context

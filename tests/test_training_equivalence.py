@@ -5,7 +5,8 @@ import numpy as np
 import paddle
 import pytest
 
-from helpers import batches, loss_of, make_model, optimizer_state_of, params_of
+from helpers import (batches, finish_step, loss_of, make_model, optimizer_state_of, params_of,
+                     train_step)
 from paddle_amp_scaler import AmpScaler, GradScaler
 
 OPTIMIZERS = {
@@ -34,19 +35,7 @@ def run(make_optimizer, scaler=None, api="step_update", steps=6):
     model = make_model()
     optimizer = make_optimizer(model.parameters())
     for batch in batches(steps=steps):
-        loss = loss_of(model, batch)
-        if scaler is None:
-            loss.backward()
-            optimizer.step()
-        elif api == "minimize":
-            scaled = scaler.scale(loss)
-            scaled.backward()
-            scaler.minimize(optimizer, scaled)
-        else:
-            scaler.scale(loss).backward()
-            scaler.step(optimizer)
-            scaler.update()
-        optimizer.clear_grad()
+        train_step(scaler, model, optimizer, batch, api)
     return params_of(model), optimizer_state_of(optimizer, model.parameters())
 
 
@@ -90,12 +79,7 @@ def test_unscale_then_clip_by_global_norm():
                 scaler.unscale_(optimizer)
             # A small max_norm so that clipping really changes the gradients.
             paddle.nn.utils.clip_grad_norm_(model.parameters(), max_norm=0.05)
-            if scaler is None:
-                optimizer.step()
-            else:
-                scaler.step(optimizer)
-                scaler.update()
-            optimizer.clear_grad()
+            finish_step(scaler, optimizer)
         return params_of(model), optimizer_state_of(optimizer, model.parameters())
     assert_same_training(lambda: train(None), lambda: train(GradScaler(init_loss_scaling=2.0**10)))
 
@@ -109,12 +93,7 @@ def test_gradient_accumulation():
             for batch in data[start:start + micro_batches]:
                 loss = loss_of(model, batch) / micro_batches
                 (loss if scaler is None else scaler.scale(loss)).backward()
-            if scaler is None:
-                optimizer.step()
-            else:
-                scaler.step(optimizer)
-                scaler.update()
-            optimizer.clear_grad()
+            finish_step(scaler, optimizer)
         return params_of(model), optimizer_state_of(optimizer, model.parameters())
     assert_same_training(lambda: train(None),
                          lambda: train(GradScaler(init_loss_scaling=2.0**10, incr_every_n_steps=1)))

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import GradInjector, batches, loss_of, make_model
+from helpers import GradInjector, batches, make_model, train_step
 from paddle_amp_scaler import AmpScaler, GradScaler
 from reference_rule import ReferenceScaler
 
@@ -22,15 +22,8 @@ def train(scaler, schedule, api, loss_factor=1.0):
     injector = GradInjector(model[-1].weight)
     data = batches(steps=4)
     for step, kind in enumerate(schedule):
-        with injector.inject(INJECTED[kind]):
-            scaled = scaler.scale(loss_of(model, data[step % len(data)]) * loss_factor)
-            scaled.backward()
-        if api == "minimize":
-            scaler.minimize(optimizer, scaled)
-        else:
-            scaler.step(optimizer)
-            scaler.update()
-        optimizer.clear_grad()
+        train_step(scaler, model, optimizer, data[step % len(data)], api, injector,
+                   INJECTED[kind], loss_factor)
         yield scaler.get_loss_scaling(), scaler.get_incr_count(), scaler.get_decr_count()
 
 
