@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import warnings
 from collections import defaultdict
@@ -193,8 +194,12 @@ class AmpScaler:
             taker._set_auxiliary_var("found_inf", found_inf)
             result = run_step()
             self._cache_found_inf = taker._get_auxiliary_var("found_inf")
+            # Left set, the flag would also skip a later optimizer.step() made without
+            # the scaler.
+            taker._set_auxiliary_var("found_inf", None)
             return result
         # An optimizer that cannot be told to skip: the one host read API.md allows.
+        _note_host_decision(type(optimizer))
         self._cache_found_inf = bool(found_inf)
         return _SKIPPED_ON_HOST if self._cache_found_inf else run_step()
 
@@ -393,6 +398,14 @@ def _refuse_unscale_in(stage: OptimizerState) -> None:
         raise RuntimeError(
             "unscale_() was called after step() for this optimizer; call unscale_() "
             "before step(), or call update() to start the next iteration")
+
+
+@functools.lru_cache(maxsize=None)
+def _note_host_decision(optimizer_type: type) -> None:
+    # Once per optimizer class: the cost is per step, the news is not.
+    logger.info("%s takes no found-inf flag (no _set_auxiliary_var, nor an inner Paddle "
+                "optimizer that has one): the scaler reads the flag on the host before "
+                "each step, a device sync on GPU", optimizer_type.__qualname__)
 
 
 def _clamp_below_(counter: Tensor, period: int) -> None:

@@ -50,7 +50,7 @@ def test_counter_sees_reads():
     assert counter.reads["other"] == 3
 
 
-def test_a_foreign_optimizer_costs_one_read_by_the_scaler():
+def test_a_foreign_optimizer_costs_one_read_by_the_scaler(caplog):
     class HandRolledSGD:
         """Takes no found-inf flag: the scaler has to decide on the host."""
 
@@ -66,8 +66,9 @@ def test_a_foreign_optimizer_costs_one_read_by_the_scaler():
     optimizer = HandRolledSGD(model.parameters())
     scaler = GradScaler(init_loss_scaling=2.0**10)
     counter = HostReadCounter()
-    with counter.counting():
+    with counter.counting(), caplog.at_level("INFO", logger="paddle_amp_scaler"):
         scaler.scale(loss_of(model, batches(steps=1)[0])).backward()
         scaler.step(optimizer)
         scaler.update()
     assert counter.reads["scaler"] == 1
+    assert "HandRolledSGD takes no found-inf flag" in caplog.text

@@ -138,3 +138,17 @@ def test_fp16_emulation_rounds_like_float16_and_can_be_removed():
         handle.remove()
     model(paddle.to_tensor([[70000.0]])).sum().backward()
     assert model.weight.grad.numpy()[0, 0] == 70000.0
+
+
+def test_a_skipped_step_leaves_no_flag_behind_in_the_optimizer():
+    model = make_model()
+    optimizer = paddle.optimizer.Adam(learning_rate=0.01, parameters=model.parameters())
+    injector = GradInjector(model[0].weight)
+    scaler = GradScaler(init_loss_scaling=2.0**10)
+    batch = batches(steps=1)[0]
+    train_step(scaler, model, optimizer, batch, injector=injector, inject=math.inf)
+    assert bool(scaler._cache_found_inf)
+    before = params_of(model)
+    # Later training without the scaler must not inherit the skip.
+    train_step(None, model, optimizer, batch)
+    assert all(not np.array_equal(a, b) for a, b in zip(before, params_of(model)))
