@@ -6,7 +6,7 @@ VENV := .venv-paddle$(PADDLE)
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test venv clean
+.PHONY: demo test test-long venv clean
 
 venv: $(STAMP)
 
@@ -21,6 +21,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests
+
+# The long reliability runs (kill -9 loops, 100k-step soak, large random searches).
+test-long: $(STAMP)
+	$(PY) -m pytest -q -m long tests
 
 clean:
 	rm -rf .venv-paddle* *.egg-info .pytest_cache

@@ -91,17 +91,8 @@ def test_fixed_mode_never_changes_the_scale_but_still_skips(api):
     assert [scale for scale, _, _ in observed] == [256.0] * 4
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
-    schedule=st.lists(st.sampled_from(["finite", "inf", "nan"]), min_size=1, max_size=16),
-    incr_every_n_steps=st.integers(1, 4),
-    decr_every_n_nan_or_inf=st.integers(1, 3),
-    incr_ratio=st.sampled_from([1.5, 2.0, 3.0]),
-    decr_ratio=st.sampled_from([0.25, 0.5, 0.8]),
-    api=st.sampled_from(["step_update", "minimize"]),
-)
-def test_random_schedules_follow_the_rule(schedule, incr_every_n_steps, decr_every_n_nan_or_inf,
-                                          incr_ratio, decr_ratio, api):
+def follows_the_rule_on(schedule, incr_every_n_steps, decr_every_n_nan_or_inf, incr_ratio,
+                        decr_ratio, api):
     config = dict(init_loss_scaling=64.0, incr_ratio=incr_ratio, decr_ratio=decr_ratio,
                   incr_every_n_steps=incr_every_n_steps,
                   decr_every_n_nan_or_inf=decr_every_n_nan_or_inf)
@@ -109,6 +100,26 @@ def test_random_schedules_follow_the_rule(schedule, incr_every_n_steps, decr_eve
                                 incr_every_n_steps=incr_every_n_steps,
                                 decr_every_n_nan_or_inf=decr_every_n_nan_or_inf)
     assert_follows_reference(GradScaler(**config), reference, schedule, api)
+
+
+def random_runs(max_steps, ratios):
+    return given(
+        schedule=st.lists(st.sampled_from(["finite", "inf", "nan"]), min_size=1,
+                          max_size=max_steps),
+        incr_every_n_steps=st.integers(1, 5),
+        decr_every_n_nan_or_inf=st.integers(1, 3),
+        incr_ratio=ratios(1.0, 4.0).filter(lambda r: r > 1.0),
+        decr_ratio=ratios(0.0, 1.0).filter(lambda r: 0.0 < r < 1.0),
+        api=st.sampled_from(["step_update", "minimize"]),
+    )
+
+
+_QUIET = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+test_random_schedules_follow_the_rule = settings(max_examples=15, **_QUIET)(
+    random_runs(16, lambda low, high: st.sampled_from([0.25, 0.5, 0.8, 1.5, 2.0, 3.0]))(
+        follows_the_rule_on))
+test_random_schedules_follow_the_rule_long = pytest.mark.long(settings(max_examples=400, **_QUIET)(
+    random_runs(60, lambda low, high: st.floats(low, high))(follows_the_rule_on)))
 
 
 def test_shortening_a_period_below_the_streak_grows_at_the_next_finite_step():
