@@ -6,21 +6,26 @@ VENV := .venv-paddle$(PADDLE)
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-long venv clean
+.PHONY: demo test test-long docs venv clean
 
 venv: $(STAMP)
 
 $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[cpu,test]" "paddlepaddle==$(PADDLE)"
+	$(PY) -m pip install --quiet -e ".[cpu,test,examples,docs]" "paddlepaddle==$(PADDLE)"
 	touch $(STAMP)
 
+# The main job: train a digits classifier with loss scaling (fp16 emulated on CPU).
 demo: $(STAMP)
-	$(PY) examples/quickstart.py
+	$(PY) examples/train_digits.py
 
-test: $(STAMP)
+test: $(STAMP) docs
 	$(PY) -m pytest -q tests
+
+# The documentation site, warnings as errors; output in docs/_build/html.
+docs: $(STAMP)
+	$(PY) -m sphinx -W --keep-going -q -b html docs docs/_build/html
 
 # The long reliability runs (kill -9 loops, 100k-step soak, large random searches).
 test-long: $(STAMP)

@@ -15,6 +15,8 @@ setup(
         "cpu": ["paddlepaddle>=2.6"],
         "gpu": ["paddlepaddle-gpu>=2.6"],
         "test": ["pytest>=7", "hypothesis>=6"],
+        "examples": ["scikit-learn>=1.0", "tqdm>=4", "matplotlib>=3.5"],
+        "docs": ["sphinx>=7", "myst-parser>=2"],
     },
     classifiers=[
         "Programming Language :: Python :: 3",

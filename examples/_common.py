@@ -1,0 +1,29 @@
+"""Shared by the pattern examples: a toy regression problem and a step-count flag."""
+
+import argparse
+
+import numpy as np
+import paddle
+
+
+def parse_steps(description, default=20):
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--steps", type=int, default=default, help=f"training steps (default {default})")
+    args = parser.parse_args()
+    if args.steps < 1:
+        parser.error("--steps must be at least 1")
+    paddle.set_device("cpu" if not paddle.device.is_compiled_with_cuda() else "gpu")
+    return args.steps
+
+
+def toy_batches(steps, batch=32, features=16, seed=0):
+    rng = np.random.default_rng(seed)
+    weights = rng.standard_normal((features, 1)).astype("float32")
+    for _ in range(steps):
+        x = rng.standard_normal((batch, features)).astype("float32")
+        yield paddle.to_tensor(x), paddle.to_tensor(np.tanh(x @ weights))
+
+
+def mlp(features=16, hidden=64, outputs=1):
+    return paddle.nn.Sequential(paddle.nn.Linear(features, hidden), paddle.nn.ReLU(),
+                                paddle.nn.Linear(hidden, outputs))

@@ -1,0 +1,25 @@
+"""Gradient accumulation: several scaled backward passes, one step and one update.
+
+The scale must not change between the micro-batches of one step, so update() comes
+once per optimizer step, not once per backward pass.
+"""
+
+import paddle
+from _common import mlp, parse_steps, toy_batches
+
+from paddle_amp_scaler import GradScaler, auto_cast
+
+ACCUMULATE = 4
+steps = parse_steps(__doc__.splitlines()[0])
+model = mlp()
+optimizer = paddle.optimizer.Momentum(learning_rate=0.01, parameters=model.parameters())
+scaler = GradScaler()
+for micro_step, (x, y) in enumerate(toy_batches(steps * ACCUMULATE), start=1):
+    with auto_cast():
+        loss = paddle.nn.functional.mse_loss(model(x), y) / ACCUMULATE
+    scaler.scale(loss).backward()                               # grads add up, scaled
+    if micro_step % ACCUMULATE == 0:
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.clear_grad()
+print(f"{steps} optimizer steps of {ACCUMULATE} micro-batches, last loss {float(loss) * ACCUMULATE:.4f}")

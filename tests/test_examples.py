@@ -1,0 +1,91 @@
+"""Every example runs; the main job reaches its accuracy, draws its figure and resumes
+exactly from a checkpoint."""
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
+PATTERNS = ["clip_after_unscale", "grad_accumulation", "grad_penalty", "two_models",
+            "o2_master_weights", "quickstart"]
+
+pytest.importorskip("sklearn")
+
+
+def run_example(name, *args):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [os.path.dirname(EXAMPLES), os.environ.get("PYTHONPATH", "")]))
+    return subprocess.run([sys.executable, os.path.join(EXAMPLES, f"{name}.py"), *args],
+                          capture_output=True, text=True, env=env, timeout=300)
+
+
+@pytest.mark.parametrize("name", PATTERNS)
+def test_pattern_example_runs(name):
+    result = run_example(name, "--steps", "3")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip()
+
+
+@pytest.mark.parametrize("name", PATTERNS)
+def test_pattern_example_rejects_bad_steps(name):
+    result = run_example(name, "--steps", "0")
+    assert result.returncode == 2 and "--steps must be at least 1" in result.stderr
+
+
+@pytest.fixture(scope="module")
+def digits():
+    spec = importlib.util.spec_from_file_location("train_digits",
+                                                  os.path.join(EXAMPLES, "train_digits.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_default_run_reaches_95_percent_and_draws_the_figure(digits, tmp_path, capsys):
+    figure = tmp_path / "training.png"
+    accuracy = digits.main(["--no-progress", "--plot", str(figure)])
+    assert accuracy >= 0.95
+    assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    out = capsys.readouterr().out
+    skipped = int(out.split("skipped steps ")[1].split()[0])
+    assert skipped >= 1, "the default CPU run should show overflow and back-off"
+
+
+def test_resumed_run_ends_with_the_uninterrupted_parameters(digits, tmp_path):
+    from paddle_amp_scaler import read_checkpoint
+    common = ["--no-progress", "--plot", "", "--epochs", "3", "--ckpt-every", "10"]
+    digits.main(common + ["--ckpt-dir", str(tmp_path / "straight")])
+    assert digits.main(common + ["--ckpt-dir", str(tmp_path / "cut"), "--stop-after", "35"]) is None
+    assert read_checkpoint(tmp_path / "cut" / "digits.ckpt").step == 35
+    digits.main(common + ["--ckpt-dir", str(tmp_path / "cut"), "--resume"])
+    straight = read_checkpoint(tmp_path / "straight" / "digits.ckpt")
+    resumed = read_checkpoint(tmp_path / "cut" / "digits.ckpt")
+    assert straight.step == resumed.step
+    for key, value in straight.models[0].items():
+        np.testing.assert_array_equal(resumed.models[0][key], value, err_msg=key)
+    assert straight.extra["history"] == resumed.extra["history"]
+
+
+def test_help_documents_every_flag():
+    result = run_example("train_digits", "--help")
+    assert result.returncode == 0
+    for flag in ("--epochs", "--batch-size", "--lr", "--init-scale", "--incr-every", "--device",
+                 "--emulate-fp16", "--ckpt-dir", "--ckpt-every", "--resume", "--stop-after",
+                 "--plot", "--seed", "--no-progress"):
+        assert flag in result.stdout
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--epochs", "0"], "--epochs must be at least 1"),
+    (["--lr", "-1"], "--lr must be positive"),
+    (["--resume"], "--resume and --stop-after need --ckpt-dir"),
+    (["--device", "tpu"], "invalid choice"),
+    (["--bogus"], "unrecognized arguments"),
+])
+def test_bad_flags_give_a_clear_error(args, message):
+    result = run_example("train_digits", *args)
+    assert result.returncode == 2 and message in result.stderr
