@@ -2,7 +2,6 @@
 
 import argparse
 
-import numpy as np
 import paddle
 
 
@@ -17,11 +16,11 @@ def parse_steps(description, default=20):
 
 
 def toy_batches(steps, batch=32, features=16, seed=0):
-    rng = np.random.default_rng(seed)
-    weights = rng.standard_normal((features, 1)).astype("float32")
+    paddle.seed(seed)
+    weights = paddle.randn([features, 1])
     for _ in range(steps):
-        x = rng.standard_normal((batch, features)).astype("float32")
-        yield paddle.to_tensor(x), paddle.to_tensor(np.tanh(x @ weights))
+        x = paddle.randn([batch, features])
+        yield x, paddle.tanh(x @ weights)
 
 
 def mlp(features=16, hidden=64, outputs=1):

@@ -6,7 +6,7 @@ the scale back costs one device sync per step, as in PyTorch's version of this p
 """
 
 import paddle
-from _common import mlp, parse_steps, toy_batches
+from _common import parse_steps, toy_batches
 
 from paddle_amp_scaler import GradScaler, auto_cast
 

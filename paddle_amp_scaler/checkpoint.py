@@ -19,6 +19,7 @@ not tampering).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import os
 import pickle
@@ -70,7 +71,7 @@ def save_checkpoint(path: str | os.PathLike, *, model: Any, optimizer: Any, scal
         "models": [_model_state(m) for m in _as_list(model, "model")],
         "optimizers": [_optimizer_state(o) for o in _as_list(optimizer, "optimizer")],
         "scaler": scaler.state_dict(),
-        "rng": {"device": paddle.get_device(), "states": paddle.get_rng_state()},
+        "rng": _rng_state(),
         "extra": extra,
         "paddle_version": paddle.__version__,
     }
@@ -232,7 +233,39 @@ def _check_like(saved: Any, live: Any, what: str, same_dtype: bool = True) -> No
         raise ValueError(f"{what} is {saved_dtype} in the checkpoint, {live_dtype} here")
 
 
-def _restore_rng(rng: dict, path: str) -> None:
+@functools.lru_cache(maxsize=None)
+def rng_state_survives_pickling() -> bool:
+    """Whether Paddle's RNG state can be written to a file and read back.
+
+    Paddle 2.6 pickles a CPU generator's seed but not its position, so a restored
+    generator would start over. Checked once per process by a round trip; the
+    caller's random stream is put back as it was.
+    """
+    untouched = paddle.get_rng_state()
+    try:
+        paddle.rand([1])
+        position = paddle.get_rng_state()
+        expected = paddle.rand([4]).numpy()
+        paddle.set_rng_state(pickle.loads(pickle.dumps(position)))
+        return bool(np.array_equal(paddle.rand([4]).numpy(), expected))
+    finally:
+        paddle.set_rng_state(untouched)
+
+
+def _rng_state() -> dict | None:
+    if rng_state_survives_pickling():
+        return {"device": paddle.get_device(), "states": paddle.get_rng_state()}
+    warnings.warn(
+        f"Paddle {paddle.__version__} cannot save the position of its random generator: "
+        "after a resume, random layers such as dropout draw other numbers than the "
+        "uninterrupted run would have (parameters, optimizer and scaler resume exactly)",
+        UserWarning, stacklevel=3)
+    return None
+
+
+def _restore_rng(rng: dict | None, path: str) -> None:
+    if rng is None:
+        return
     here = paddle.get_device()
     if rng["device"].split(":")[0] != here.split(":")[0]:
         warnings.warn(f"checkpoint {path!r} holds the RNG state of {rng['device']}, not of "
