@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
+
 import paddle
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+_PADDLE_DIR = os.path.dirname(os.path.abspath(paddle.__file__))
 
 
 def emulate_fp16_grads(model: paddle.nn.Layer) -> list:
@@ -22,3 +29,65 @@ def emulate_fp16_grads(model: paddle.nn.Layer) -> list:
 
 def _round_through_float16(grad: paddle.Tensor) -> paddle.Tensor:
     return grad.astype(paddle.float16).astype(grad.dtype)
+
+
+_READ_METHODS = ("__bool__", "__nonzero__", "numpy", "item", "tolist", "__float__",
+                 "__int__", "__index__", "__array__")
+
+
+class HostReadCounter:
+    """Counts reads of tensors back to the host (each a device sync on GPU), by origin.
+
+    Origins: ``"scaler"`` (this package), ``"paddle"`` (Paddle's own code, e.g. its
+    optimizer reading the found-inf flag) and ``"other"`` (yours). Only the outermost
+    read is counted: ``bool(t)`` calling ``t.numpy()`` is one read. ``where`` lists
+    (origin, file, line) of each::
+
+        counter = HostReadCounter()
+        with counter.counting():
+            scaler.step(optimizer)
+            scaler.update()
+        assert counter.reads["scaler"] == 0
+    """
+
+    def __init__(self):
+        self.reads = {"scaler": 0, "paddle": 0, "other": 0}
+        self.where = []
+        self._depth = 0
+
+    def total(self):
+        return sum(self.reads.values())
+
+    def _wrap(self, original):
+        counter = self
+
+        def counting(tensor, *args, **kwargs):
+            if counter._depth == 0:
+                caller = sys._getframe(1).f_code.co_filename
+                origin = ("scaler" if caller.startswith(_PACKAGE_DIR) else
+                          "paddle" if caller.startswith(_PADDLE_DIR) else "other")
+                counter.reads[origin] += 1
+                counter.where.append((origin, caller, sys._getframe(1).f_lineno))
+            counter._depth += 1
+            try:
+                return original(tensor, *args, **kwargs)
+            finally:
+                counter._depth -= 1
+        return counting
+
+    @contextlib.contextmanager
+    def counting(self):
+        saved = {name: paddle.Tensor.__dict__.get(name) for name in _READ_METHODS}
+        try:
+            for name in _READ_METHODS:
+                original = getattr(paddle.Tensor, name, None)
+                if original is not None:
+                    setattr(paddle.Tensor, name, self._wrap(original))
+            yield self
+        finally:
+            for name, original in saved.items():
+                if original is None:
+                    if name in paddle.Tensor.__dict__:
+                        delattr(paddle.Tensor, name)
+                else:
+                    setattr(paddle.Tensor, name, original)

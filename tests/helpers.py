@@ -1,17 +1,12 @@
 """Shared test helpers: tiny models, overflow injection, host-read counting, Paddle's oracle."""
 
 import contextlib
-import os
-import sys
 import types
 
 import numpy as np
 import paddle
 
-import paddle_amp_scaler
 
-_PACKAGE_DIR = os.path.dirname(paddle_amp_scaler.__file__)
-_PADDLE_DIR = os.path.dirname(paddle.__file__)
 
 
 def make_model(seed=0, hidden=16, depth=2):
@@ -99,59 +94,6 @@ class GradInjector:
             yield
         finally:
             self.value = None
-
-
-_READ_METHODS = ("__bool__", "__nonzero__", "numpy", "item", "tolist", "__float__",
-                 "__int__", "__index__", "__array__")
-
-
-class HostReadCounter:
-    """Counts reads of tensors back to the host, by who made them: scaler, paddle, other.
-
-    Only the outermost read is counted (``__bool__`` calling ``numpy`` is one read).
-    """
-
-    def __init__(self):
-        self.reads = {"scaler": 0, "paddle": 0, "other": 0}
-        self.where = []
-        self._depth = 0
-
-    def total(self):
-        return sum(self.reads.values())
-
-    def _wrap(self, original):
-        counter = self
-
-        def counting(tensor, *args, **kwargs):
-            if counter._depth == 0:
-                caller = sys._getframe(1).f_code.co_filename
-                origin = ("scaler" if caller.startswith(_PACKAGE_DIR) else
-                          "paddle" if caller.startswith(_PADDLE_DIR) else "other")
-                counter.reads[origin] += 1
-                counter.where.append((origin, caller, sys._getframe(1).f_lineno))
-            counter._depth += 1
-            try:
-                return original(tensor, *args, **kwargs)
-            finally:
-                counter._depth -= 1
-        return counting
-
-    @contextlib.contextmanager
-    def counting(self):
-        saved = {name: paddle.Tensor.__dict__.get(name) for name in _READ_METHODS}
-        try:
-            for name in _READ_METHODS:
-                original = getattr(paddle.Tensor, name, None)
-                if original is not None:
-                    setattr(paddle.Tensor, name, self._wrap(original))
-            yield self
-        finally:
-            for name, original in saved.items():
-                if original is None:
-                    if name in paddle.Tensor.__dict__:
-                        delattr(paddle.Tensor, name)
-                else:
-                    setattr(paddle.Tensor, name, original)
 
 
 def paddle_oracle(monkeypatch, **kwargs):
