@@ -7,7 +7,7 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     packages=["paddle_amp_scaler"],
-    package_data={"paddle_amp_scaler": ["py.typed"]},
+    package_data={"paddle_amp_scaler": ["py.typed", "fused_unscale.cc"]},
     python_requires=">=3.9",
     # Paddle comes in two builds that both provide `paddle`: the user picks one.
     install_requires=["numpy"],

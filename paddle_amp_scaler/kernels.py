@@ -11,16 +11,27 @@ Facts kept here:
 * ``update_loss_scaling_`` refuses an empty ``xs`` and zeroes every tensor of ``xs``
   when ``found_inf`` is set; with ``stop_update=True`` it does only that zeroing.
 * Both keep their names and signatures from Paddle 2.6 to 3.x as ``_C_ops`` functions.
+* On CPU, ``check_finite_and_unscale`` makes three passes per tensor; a fused one-pass
+  kernel (``fused_cpu``) gives the same bits several times faster, when it can be
+  built. GPU, XPU and custom devices keep Paddle's multi-tensor kernel: one launch per
+  dtype group, however many tensors.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import contextlib
+from collections.abc import Iterable, Iterator, Sequence
 
 import paddle
 from paddle import _C_ops
 
+from . import fused_cpu
+
 Tensor = paddle.Tensor
+
+PADDLE_PATH, FUSED_CPU_PATH = "paddle", "fused-cpu"
+_FUSED_DTYPES = (paddle.float32, paddle.float64)
+_forced_path: str | None = None
 
 
 def grads_to_unscale(params: Iterable[Tensor]) -> list[Tensor]:
@@ -64,11 +75,44 @@ def unscale_and_check_(grads: Sequence[Tensor], scale: Tensor, all_finite: Tenso
     One kernel launch per dtype group, however many tensors. ``all_finite`` is the
     flag returned when there is nothing to check.
     """
-    flags = [
-        _C_ops.check_finite_and_unscale_(group, _scale_for(dtype, scale))[1]
-        for dtype, group in _by_dtype(grads).items()
-    ]
+    fused = fused_cpu.load() if _path_for(scale) == FUSED_CPU_PATH else None
+    flags = []
+    for dtype, group in _by_dtype(grads).items():
+        group_scale = _scale_for(dtype, scale)
+        if fused is not None and dtype in _FUSED_DTYPES:
+            flags.append(fused(group, group_scale))
+        else:
+            flags.append(_C_ops.check_finite_and_unscale_(group, group_scale)[1])
     return any_of(flags) if flags else all_finite
+
+
+def unscale_paths() -> list[str]:
+    """The unscale-and-check implementations this machine can run."""
+    return [PADDLE_PATH] + ([FUSED_CPU_PATH] if fused_cpu.load() is not None else [])
+
+
+def default_unscale_path(place=None) -> str:
+    """The implementation used for gradients on ``place`` (default: Paddle's current)."""
+    on_cpu = (place or paddle.framework._current_expected_place()).is_cpu_place()
+    return FUSED_CPU_PATH if on_cpu and fused_cpu.load() is not None else PADDLE_PATH
+
+
+@contextlib.contextmanager
+def using_unscale_path(name: str) -> Iterator[None]:
+    """Force one implementation (for tests and benchmarks); restored on exit."""
+    global _forced_path
+    if name not in unscale_paths():
+        raise ValueError(f"unscale path {name!r} is not available here: {unscale_paths()}")
+    previous, _forced_path = _forced_path, name
+    try:
+        yield
+    finally:
+        _forced_path = previous
+
+
+def _path_for(scale: Tensor) -> str:
+    return _forced_path or default_unscale_path(scale.place)
+
 
 
 def zero_if_found_(grads: Sequence[Tensor], found_inf: Tensor, scale: Tensor,

@@ -47,7 +47,7 @@ class HostReadCounter:
         with counter.counting():
             scaler.step(optimizer)
             scaler.update()
-        assert counter.reads["scaler"] == 0
+        counter.reads            # {"scaler": 0, "paddle": 1, "other": 0} for Adam
     """
 
     def __init__(self):
