@@ -11,6 +11,8 @@ Facts kept here:
 * ``update_loss_scaling_`` refuses an empty ``xs`` and zeroes every tensor of ``xs``
   when ``found_inf`` is set; with ``stop_update=True`` it does only that zeroing.
 * Both keep their names and signatures from Paddle 2.6 to 3.x as ``_C_ops`` functions.
+  Paddle 2.6's ``check_finite_and_unscale`` refuses a tensor with no elements, which
+  has nothing to check anyway.
 * On CPU, ``check_finite_and_unscale`` makes three passes per tensor; a fused one-pass
   kernel (``fused_cpu``) gives the same bits several times faster, when it can be
   built. GPU, XPU and custom devices keep Paddle's multi-tensor kernel: one launch per
@@ -45,7 +47,7 @@ def grads_to_unscale(params: Iterable[Tensor]) -> list[Tensor]:
         grad = getattr(param, "main_grad", None)
         if grad is None:
             grad = param._grad_ivar()
-        if grad is not None:
+        if grad is not None and grad.size:
             grads.append(grad)
     return grads
 
@@ -93,7 +95,10 @@ def unscale_paths() -> list[str]:
 
 def default_unscale_path(place=None) -> str:
     """The implementation used for gradients on ``place`` (default: Paddle's current)."""
-    on_cpu = (place or paddle.framework._current_expected_place()).is_cpu_place()
+    place = place or paddle.framework._current_expected_place()
+    # Paddle 2.6's expected place is a CPUPlace, which has no is_cpu_place().
+    on_cpu = isinstance(place, paddle.CPUPlace) or (
+        hasattr(place, "is_cpu_place") and place.is_cpu_place())
     return FUSED_CPU_PATH if on_cpu and fused_cpu.load() is not None else PADDLE_PATH
 
 
