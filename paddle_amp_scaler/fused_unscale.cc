@@ -15,7 +15,7 @@ namespace {
 // Exponent bits all set <=> inf or nan. Testing bits keeps the loop branch-free, so it
 // vectorises; an OR-reduction is exact and order-independent.
 template <typename T, typename Bits, Bits kExponent>
-bool UnscaleAll(const std::vector<paddle::Tensor>& xs, T inverse) {
+inline bool UnscaleAll(const std::vector<paddle::Tensor>& xs, T inverse) {
   Bits nonfinite = 0;
   for (const auto& x : xs) {
     T* data = const_cast<paddle::Tensor&>(x).data<T>();
@@ -32,6 +32,18 @@ bool UnscaleAll(const std::vector<paddle::Tensor>& xs, T inverse) {
   return nonfinite != 0;
 }
 
+// An AVX2 and a baseline copy of each, chosen when the library loads by the CPU it runs
+// on: the build cache may be shared by machines of different generations.
+__attribute__((target_clones("avx2", "default"))) bool UnscaleAllFloat(
+    const std::vector<paddle::Tensor>& xs, float inverse) {
+  return UnscaleAll<float, uint32_t, 0x7f800000U>(xs, inverse);
+}
+
+__attribute__((target_clones("avx2", "default"))) bool UnscaleAllDouble(
+    const std::vector<paddle::Tensor>& xs, double inverse) {
+  return UnscaleAll<double, uint64_t, 0x7ff0000000000000ULL>(xs, inverse);
+}
+
 }  // namespace
 
 // All of `xs` share one dtype, float32 or float64, and `scale` has that dtype too.
@@ -40,10 +52,9 @@ std::vector<paddle::Tensor> UnscaleAndCheck(const std::vector<paddle::Tensor>& x
   bool found = false;
   if (!xs.empty()) {
     if (xs[0].dtype() == paddle::DataType::FLOAT64) {
-      found = UnscaleAll<double, uint64_t, 0x7ff0000000000000ULL>(
-          xs, 1.0 / scale.data<double>()[0]);
+      found = UnscaleAllDouble(xs, 1.0 / scale.data<double>()[0]);
     } else {
-      found = UnscaleAll<float, uint32_t, 0x7f800000U>(xs, 1.0f / scale.data<float>()[0]);
+      found = UnscaleAllFloat(xs, 1.0f / scale.data<float>()[0]);
     }
   }
   return {paddle::full({1}, found, paddle::DataType::BOOL, paddle::CPUPlace())};

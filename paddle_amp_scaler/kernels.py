@@ -36,27 +36,21 @@ _FUSED_DTYPES = (paddle.float32, paddle.float64)
 _forced_path: str | None = None
 
 
-def grads_to_unscale(params: Iterable[Tensor]) -> list[Tensor]:
-    """The gradient of each parameter that has one, preferring its master gradient.
+def grads_by_dtype(params: Iterable[Tensor]) -> dict:
+    """The gradient of each parameter that has one, grouped by dtype (the kernels take
+    one dtype per call); a parameter's master gradient is preferred.
 
     Paddle's master-grad mode accumulates into ``param.main_grad`` (float32) and the
     optimizer reads that one, so it is the gradient that must be unscaled and checked.
     """
-    grads = []
+    groups: dict = {}
     for param in params:
         grad = getattr(param, "main_grad", None)
         if grad is None:
             grad = param._grad_ivar()
         # `0 not in shape`, not `grad.size`: Paddle computes size through NumPy (~6 us).
         if grad is not None and 0 not in grad.shape:
-            grads.append(grad)
-    return grads
-
-
-def _by_dtype(tensors: Iterable[Tensor]) -> dict:
-    groups: dict = {}
-    for tensor in tensors:
-        groups.setdefault(tensor.dtype, []).append(tensor)
+            groups.setdefault(grad.dtype, []).append(grad)
     return groups
 
 
@@ -72,15 +66,16 @@ def any_of(flags: Sequence[Tensor]) -> Tensor:
     return combined
 
 
-def unscale_and_check_(grads: Sequence[Tensor], scale: Tensor, all_finite: Tensor) -> Tensor:
-    """Multiply ``grads`` in place by 1/scale; return a bool [1] tensor: any inf/nan.
+def unscale_and_check_(grads: dict, scale: Tensor, all_finite: Tensor) -> Tensor:
+    """Multiply ``grads`` (from ``grads_by_dtype``) in place by 1/scale; return a bool
+    [1] tensor: any inf/nan.
 
     One kernel launch per dtype group, however many tensors. ``all_finite`` is the
     flag returned when there is nothing to check.
     """
     fused = fused_cpu.load() if _path_for(scale) == FUSED_CPU_PATH else None
     flags = []
-    for dtype, group in _by_dtype(grads).items():
+    for dtype, group in grads.items():
         group_scale = _scale_for(dtype, scale)
         if fused is not None and dtype in _FUSED_DTYPES:
             flags.append(fused(group, group_scale))
@@ -121,14 +116,15 @@ def _path_for(scale: Tensor) -> str:
 
 
 
-def zero_if_found_(grads: Sequence[Tensor], found_inf: Tensor, scale: Tensor,
+def zero_if_found_(grads: dict, found_inf: Tensor, scale: Tensor,
                    incr_count: Tensor, decr_count: Tensor) -> None:
-    """Set every gradient to zero when ``found_inf`` holds, decided on the device.
+    """Set every gradient (from ``grads_by_dtype``) to zero when ``found_inf`` holds,
+    decided on the device.
 
     ``stop_update=True`` makes the kernel leave scale and counters alone; they are
     passed only because the kernel's signature wants them.
     """
-    for dtype, group in _by_dtype(grads).items():
+    for dtype, group in grads.items():
         _C_ops.update_loss_scaling_(group, found_inf, _scale_for(dtype, scale),
                                     incr_count, decr_count, 1, 1, 2.0, 0.5, True)
 

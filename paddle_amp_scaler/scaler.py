@@ -25,7 +25,7 @@ Tensor = paddle.Tensor
 def _fresh_optimizer_state() -> dict:
     # A module-level factory, like Paddle's and PyTorch's, so that a scaler holding a
     # defaultdict of these can be pickled and deep-copied.
-    return {"state": OptimizerState.INIT, "found_inf": None}
+    return {"state": OptimizerState.INIT, "found_inf": None, "grads": None}
 
 
 def _read_back(tensor: Tensor) -> np.ndarray:
@@ -139,8 +139,8 @@ class AmpScaler:
             return
         state = self._optimizer_states[id(optimizer)]
         _refuse_unscale_in(state["state"])
-        grads = kernels.grads_to_unscale(optimizers.parameters_of(optimizer))
-        self._found_inf = kernels.unscale_and_check_(grads, self._scale,
+        state["grads"] = kernels.grads_by_dtype(optimizers.parameters_of(optimizer))
+        self._found_inf = kernels.unscale_and_check_(state["grads"], self._scale,
                                                      self._temp_found_inf_value_false)
         state["state"] = OptimizerState.UNSCALED
 
@@ -183,7 +183,8 @@ class AmpScaler:
 
         taker = optimizers.flag_taker(optimizer)
         if optimizers.zero_grads_make_no_update(optimizer):
-            grads = kernels.grads_to_unscale(optimizers.parameters_of(optimizer))
+            # A replaced _unscale (fleet's) leaves no gradient list behind.
+            grads = state["grads"] or kernels.grads_by_dtype(optimizers.parameters_of(optimizer))
             kernels.zero_if_found_(grads, found_inf, self._scale, self._incr_count,
                                    self._decr_count)
             # A flag left over from another scaler would make Paddle read it.

@@ -41,14 +41,14 @@ def paddle_kernel(arrays, scale, dtype):
 def through_path(path, arrays, scale, dtype):
     grads = [paddle.to_tensor(a) for a in arrays]
     with kernels.using_unscale_path(path):
-        found = kernels.unscale_and_check_(kernels.grads_to_unscale(_as_params(grads)),
+        found = kernels.unscale_and_check_(kernels.grads_by_dtype(_as_params(grads)),
                                            paddle.to_tensor([scale], dtype="float32"),
                                            paddle.to_tensor([False]))
     return [g.numpy() for g in grads], bool(found.numpy()[0])
 
 
 def _as_params(grads):
-    # grads_to_unscale reads each parameter's master or plain gradient.
+    # grads_by_dtype reads each parameter's master or plain gradient.
     return [types.SimpleNamespace(main_grad=g) for g in grads]
 
 
