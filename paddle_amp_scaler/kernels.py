@@ -115,7 +115,6 @@ def _path_for(scale: Tensor) -> str:
     return _forced_path or default_unscale_path(scale.place)
 
 
-
 def zero_if_found_(grads: dict, found_inf: Tensor, scale: Tensor,
                    incr_count: Tensor, decr_count: Tensor) -> None:
     """Set every gradient (from ``grads_by_dtype``) to zero when ``found_inf`` holds,
