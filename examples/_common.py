@@ -11,8 +11,13 @@ def parse_steps(description, default=20):
     args = parser.parse_args()
     if args.steps < 1:
         parser.error("--steps must be at least 1")
-    paddle.set_device("cpu" if not paddle.device.is_compiled_with_cuda() else "gpu")
+    paddle.set_device("gpu" if gpu_available() else "cpu")
     return args.steps
+
+
+def gpu_available():
+    # A CUDA build on a machine without a GPU must still run, on the CPU.
+    return paddle.device.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0
 
 
 def toy_batches(steps, batch=32, features=16, seed=0):

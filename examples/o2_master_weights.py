@@ -8,7 +8,7 @@ trains only on a GPU.
 """
 
 import paddle
-from _common import mlp, parse_steps, toy_batches
+from _common import gpu_available, mlp, parse_steps, toy_batches
 
 from paddle_amp_scaler import GradScaler, auto_cast, decorate
 
@@ -21,7 +21,7 @@ dtypes = sorted({str(p.dtype).replace("paddle.", "") for p in model.parameters()
 print(f"after decorate(level='O2'): parameter dtypes {dtypes}, "
       f"multi-precision optimizer: {optimizer._multi_precision}")
 
-if not paddle.device.is_compiled_with_cuda():
+if not gpu_available():
     print("CPU: decorate() applies O2 on GPU/XPU/custom devices only; to see overflow and "
           "back-off on a CPU, use paddle_amp_scaler.testing.emulate_fp16_grads instead")
 else:

@@ -5,20 +5,20 @@ scaler visibly backs off.
 """
 
 import paddle
-from _common import mlp, parse_steps, toy_batches
+from _common import gpu_available, mlp, parse_steps, toy_batches
 
 from paddle_amp_scaler import GradScaler, auto_cast
 from paddle_amp_scaler.testing import emulate_fp16_grads
 
 steps = parse_steps(__doc__.splitlines()[0], default=300)
 model = mlp()
-if not paddle.device.is_compiled_with_cuda():
+if not gpu_available():
     emulate_fp16_grads(model)
 optimizer = paddle.optimizer.AdamW(learning_rate=3e-3, parameters=model.parameters())
 scaler = GradScaler(init_loss_scaling=2.0**20, incr_every_n_steps=100)
 skipped = 0
 for step, (x, y) in enumerate(toy_batches(steps), start=1):
-    with auto_cast(enable=paddle.device.is_compiled_with_cuda()):
+    with auto_cast(enable=gpu_available()):
         loss = paddle.nn.functional.mse_loss(model(x), y)
     scaler.scale(loss).backward()
     scaler.step(optimizer)                      # skipped when a gradient is inf/nan

@@ -161,12 +161,12 @@ def _check_model_state(model: Any, saved: dict) -> None:
 def _optimizer_state(optimizer: Any) -> dict:
     """The optimizer's state_dict with every parameter name replaced by its position."""
     params = optimizer_facts.parameters_of(optimizer)
+    position = {param.name: index for index, param in enumerate(params)}
     # Longest first, so that 'linear_1.w_0' never claims 'linear_1.w_0_x' of another.
-    names = sorted(((p.name, index) for index, p in enumerate(params)), key=lambda n: -len(n[0]))
+    names = sorted(position.items(), key=lambda item: -len(item[0]))
     accumulators, master_weights, other = {}, {}, {}
     for key, value in optimizer.state_dict().items():
         if key == "master_weights":
-            position = {p.name: index for index, p in enumerate(params)}
             master_weights = {position[name]: _to_numpy(v) for name, v in value.items()}
         elif isinstance(value, paddle.Tensor):
             owner = next(((index, key[len(name):]) for name, index in names

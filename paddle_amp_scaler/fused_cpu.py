@@ -45,9 +45,7 @@ def load() -> Callable[[Sequence[paddle.Tensor], paddle.Tensor], paddle.Tensor] 
     if disabled_by_environment():
         return None
     try:
-        unscale_and_check = _build_or_register()
-        _verify(unscale_and_check)
-        return unscale_and_check
+        return _build_or_register()
     except Exception as error:  # no compiler, no headers, a failed check: fall back
         logger.warning("fused CPU unscale kernel unavailable (%s); using Paddle's "
                        "check_finite_and_unscale on CPU", error)
@@ -72,7 +70,9 @@ def _build_or_register():
             with open(marker, encoding="utf-8") as built:
                 with _quiet_paddle_build_output():
                     cpp_extension.load_op_meta_info_and_register_op(built.read().strip())
-            return _runner()
+            runner = _runner()
+            _verify(runner)
+            return runner
         shutil.rmtree(directory, ignore_errors=True)
         os.makedirs(directory)
         logger.info("building the fused CPU unscale kernel in %s (once, about 15 s)", directory)
@@ -100,7 +100,10 @@ def _runner():
 
 
 def _verify(unscale_and_check) -> None:
-    """Check the op against known answers before trusting it with gradients."""
+    """Check the op against known answers before trusting it with gradients.
+
+    Reads its own small CPU tensors back, once per process, when the scaler is built.
+    """
     for dtype in ("float32", "float64"):
         scale = paddle.to_tensor([2.0], dtype=dtype)
         values = [1.0, -2.0, 0.5, 3e38, -0.0]

@@ -84,6 +84,10 @@ class AmpScaler:
         self._optimizer_states: defaultdict = defaultdict(_fresh_optimizer_state)
         # Stands in for update_loss_scaling's gradient list, which may not be empty.
         self._update_scratch = paddle.zeros([1], dtype="float32")
+        if self._enable:
+            # Loads (or, once per machine, builds) the CPU kernel now, so that neither the
+            # build nor its self-check lands inside a training step.
+            kernels.default_unscale_path(self._scale.place)
 
     # -- the training step ------------------------------------------------------------
 
