@@ -6,11 +6,11 @@ VENV := .venv-paddle$(PADDLE)
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-long docs venv clean
+.PHONY: demo test test-long lint docs venv clean
 
 venv: $(STAMP)
 
-$(STAMP): setup.py paddle_amp_scaler/fused_unscale.cc
+$(STAMP): setup.py pyproject.toml paddle_amp_scaler/fused_unscale.cc
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e ".[cpu,test,examples,docs]" "paddlepaddle==$(PADDLE)"
@@ -22,8 +22,15 @@ $(STAMP): setup.py paddle_amp_scaler/fused_unscale.cc
 demo: $(STAMP)
 	$(PY) examples/train_digits.py
 
-test: $(STAMP) docs
+test: $(STAMP) lint docs
 	$(PY) -m pytest -q tests
+
+# Lint, import order and formatting (ruff), and types of the package (mypy, strict);
+# configured in pyproject.toml. `ruff check --fix` and `ruff format` repair most of it.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(PY) -m mypy
 
 # The documentation site, warnings as errors; output in docs/_build/html.
 docs: $(STAMP)
