@@ -27,7 +27,7 @@ import struct
 import tempfile
 import warnings
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import paddle
@@ -38,6 +38,8 @@ from .state import parse_state_dict
 FORMAT_VERSION = 1
 _MAGIC = b"PDAMPCK\x00"
 _HEADER = struct.Struct("<8sIQ32s")
+_Item = TypeVar("_Item")
+_Saved = TypeVar("_Saved")
 
 
 class CheckpointError(ValueError):
@@ -49,14 +51,14 @@ class Checkpoint:
     """A verified checkpoint's content, as read by :func:`read_checkpoint`."""
 
     step: int
-    models: list
-    optimizers: list
-    scaler: dict
-    rng: dict
+    models: list[dict[str, Any]]
+    optimizers: list[dict[str, Any]]
+    scaler: dict[str, Any]
+    rng: dict[str, Any] | None
     extra: Any
 
 
-def save_checkpoint(path: str | os.PathLike, *, model: Any, optimizer: Any, scaler: Any,
+def save_checkpoint(path: str | os.PathLike[str], *, model: Any, optimizer: Any, scaler: Any,
                     step: int, extra: Any = None) -> None:
     """Write model(s), optimizer(s), scaler, Paddle's RNG state, ``step`` and ``extra``.
 
@@ -80,7 +82,7 @@ def save_checkpoint(path: str | os.PathLike, *, model: Any, optimizer: Any, scal
     _write_atomically(os.fspath(path), header + body)
 
 
-def read_checkpoint(path: str | os.PathLike) -> Checkpoint:
+def read_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
     """Read and verify a checkpoint without applying it; raises CheckpointError naming
     the path and the problem."""
     path = os.fspath(path)
@@ -110,7 +112,7 @@ def read_checkpoint(path: str | os.PathLike) -> Checkpoint:
         raise CheckpointError(f"checkpoint {path!r} has an unreadable payload: {error}") from None
 
 
-def load_checkpoint(path: str | os.PathLike, *, model: Any, optimizer: Any, scaler: Any) -> int:
+def load_checkpoint(path: str | os.PathLike[str], *, model: Any, optimizer: Any, scaler: Any) -> int:
     """Restore model(s), optimizer(s), scaler and Paddle's RNG state; return the step.
 
     Everything is checked first (file integrity, the number of models and optimizers,
@@ -143,11 +145,11 @@ def load_checkpoint(path: str | os.PathLike, *, model: Any, optimizer: Any, scal
 
 # -- models -----------------------------------------------------------------------------
 
-def _model_state(model: Any) -> dict:
+def _model_state(model: Any) -> dict[str, Any]:
     return {name: _to_numpy(value) for name, value in model.state_dict().items()}
 
 
-def _check_model_state(model: Any, saved: dict) -> None:
+def _check_model_state(model: Any, saved: dict[str, Any]) -> None:
     live = model.state_dict()
     if set(live) != set(saved):
         missing, unexpected = sorted(set(live) - set(saved)), sorted(set(saved) - set(live))
@@ -158,7 +160,7 @@ def _check_model_state(model: Any, saved: dict) -> None:
 
 # -- optimizers ---------------------------------------------------------------------------
 
-def _optimizer_state(optimizer: Any) -> dict:
+def _optimizer_state(optimizer: Any) -> dict[str, Any]:
     """The optimizer's state_dict with every parameter name replaced by its position."""
     params = optimizer_facts.parameters_of(optimizer)
     position = {param.name: index for index, param in enumerate(params)}
@@ -181,12 +183,12 @@ def _optimizer_state(optimizer: Any) -> dict:
             "master_weights": master_weights, "other": other}
 
 
-def _rebuild_optimizer_state(optimizer: Any, saved: dict) -> dict:
+def _rebuild_optimizer_state(optimizer: Any, saved: dict[str, Any]) -> dict[str, Any]:
     params = optimizer_facts.parameters_of(optimizer)
     if saved["parameter_count"] != len(params):
         raise ValueError(f"the optimizer has {len(params)} parameters, the checkpoint's "
                          f"has {saved['parameter_count']}")
-    state = {params[index].name + suffix: paddle.to_tensor(value)
+    state: dict[str, Any] = {params[index].name + suffix: paddle.to_tensor(value)
              for (index, suffix), value in saved["accumulators"].items()}
     if saved["master_weights"]:
         for index, value in saved["master_weights"].items():
@@ -201,14 +203,15 @@ def _rebuild_optimizer_state(optimizer: Any, saved: dict) -> dict:
 
 # -- shared -------------------------------------------------------------------------------
 
-def _as_list(value: Any, name: str) -> list:
+def _as_list(value: Any, name: str) -> list[Any]:
     items = list(value) if isinstance(value, (list, tuple)) else [value]
     if not items:
         raise ValueError(f"{name} must be an object or a non-empty list of them")
     return items
 
 
-def _paired(live: Sequence, saved: Sequence, what: str) -> zip:
+def _paired(live: Sequence[_Item], saved: Sequence[_Saved], what: str
+            ) -> zip[tuple[_Item, _Saved]]:
     if len(live) != len(saved):
         raise ValueError(f"{len(live)} {what} given, the checkpoint holds {len(saved)}")
     return zip(live, saved)
@@ -233,7 +236,7 @@ def _check_like(saved: Any, live: Any, what: str, same_dtype: bool = True) -> No
         raise ValueError(f"{what} is {saved_dtype} in the checkpoint, {live_dtype} here")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def rng_state_survives_pickling() -> bool:
     """Whether Paddle's RNG state can be written to a file and read back.
 
@@ -252,7 +255,7 @@ def rng_state_survives_pickling() -> bool:
         paddle.set_rng_state(untouched)
 
 
-def _rng_state() -> dict | None:
+def _rng_state() -> dict[str, Any] | None:
     if rng_state_survives_pickling():
         return {"device": paddle.get_device(), "states": paddle.get_rng_state()}
     warnings.warn(
@@ -263,7 +266,7 @@ def _rng_state() -> dict | None:
     return None
 
 
-def _restore_rng(rng: dict | None, path: str) -> None:
+def _restore_rng(rng: dict[str, Any] | None, path: str) -> None:
     if rng is None:
         return
     here = paddle.get_device()

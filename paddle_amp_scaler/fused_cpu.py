@@ -23,23 +23,27 @@ import logging
 import os
 import shutil
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 import paddle
+from paddle import Tensor
 
 logger = logging.getLogger("paddle_amp_scaler")
 
 _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fused_unscale.cc")
 _BUILT = "paddle_amp_scaler.built"
 
+# unscale_and_check(grads, scale) -> found_inf; grads share one dtype, scale has it too.
+UnscaleAndCheck = Callable[[Sequence[Tensor], Tensor], Tensor]
+
 
 def disabled_by_environment() -> bool:
     return os.environ.get("PADDLE_AMP_SCALER_FUSED", "1").strip().lower() in ("0", "false", "no")
 
 
-@functools.lru_cache(maxsize=None)
-def load() -> Callable[[Sequence[paddle.Tensor], paddle.Tensor], paddle.Tensor] | None:
+@functools.cache
+def load() -> UnscaleAndCheck | None:
     """``unscale_and_check(grads, scale) -> found_inf``, built if need be; None if the
     kernel cannot be had here. ``grads`` share one dtype, and ``scale`` has it too."""
     if disabled_by_environment():
@@ -52,7 +56,7 @@ def load() -> Callable[[Sequence[paddle.Tensor], paddle.Tensor], paddle.Tensor] 
         return None
 
 
-def _build_or_register():
+def _build_or_register() -> UnscaleAndCheck:
     from paddle.utils import cpp_extension
 
     with open(_SOURCE, "rb") as source:
@@ -67,9 +71,8 @@ def _build_or_register():
         if os.path.exists(marker):
             # Registering the built library directly skips the seconds that
             # cpp_extension.load spends re-checking the build in every process.
-            with open(marker, encoding="utf-8") as built:
-                with _quiet_paddle_build_output():
-                    cpp_extension.load_op_meta_info_and_register_op(built.read().strip())
+            with open(marker, encoding="utf-8") as built, _quiet_paddle_build_output():
+                cpp_extension.load_op_meta_info_and_register_op(built.read().strip())
             runner = _runner()
             _verify(runner)
             return runner
@@ -90,16 +93,16 @@ def _build_or_register():
     return runner
 
 
-def _runner():
+def _runner() -> UnscaleAndCheck:
     # How Paddle's generated wrappers call a registered custom op, in 3.x and in 2.6.
     run = getattr(paddle._C_ops, "_run_custom_op", None) or paddle.base.core.eager._run_custom_op
 
-    def unscale_and_check(grads, scale):
+    def unscale_and_check(grads: Sequence[Tensor], scale: Tensor) -> Tensor:
         return run("fused_unscale_and_check", grads, scale)[0]
     return unscale_and_check
 
 
-def _verify(unscale_and_check) -> None:
+def _verify(unscale_and_check: UnscaleAndCheck) -> None:
     """Check the op against known answers before trusting it with gradients.
 
     Reads its own small CPU tensors back, once per process, when the scaler is built.
@@ -119,7 +122,7 @@ def _verify(unscale_and_check) -> None:
 
 
 @contextlib.contextmanager
-def _exclusive(lock_path: str):
+def _exclusive(lock_path: str) -> Iterator[None]:
     with open(lock_path, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
@@ -129,7 +132,7 @@ def _exclusive(lock_path: str):
 
 
 @contextlib.contextmanager
-def _quiet_paddle_build_output():
+def _quiet_paddle_build_output() -> Iterator[None]:
     # Paddle's extension builder prints a notice and logs at INFO on every load; the
     # user asked for neither (our own INFO line above says what happens).
     from paddle.utils.cpp_extension import extension_utils

@@ -23,27 +23,31 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
 import paddle
-from paddle import _C_ops
+from paddle import Tensor, _C_ops
 
 from . import fused_cpu
 
-Tensor = paddle.Tensor
+# Gradients by dtype (a paddle dtype), in parameter order: the kernels take one dtype
+# per call.
+GradGroups = dict[Any, list[Tensor]]
+
 
 PADDLE_PATH, FUSED_CPU_PATH = "paddle", "fused-cpu"
 _FUSED_DTYPES = (paddle.float32, paddle.float64)
 _forced_path: str | None = None
 
 
-def grads_by_dtype(params: Iterable[Tensor]) -> dict:
+def grads_by_dtype(params: Iterable[Tensor]) -> GradGroups:
     """The gradient of each parameter that has one, grouped by dtype (the kernels take
     one dtype per call); a parameter's master gradient is preferred.
 
     Paddle's master-grad mode accumulates into ``param.main_grad`` (float32) and the
     optimizer reads that one, so it is the gradient that must be unscaled and checked.
     """
-    groups: dict = {}
+    groups: GradGroups = {}
     for param in params:
         grad = getattr(param, "main_grad", None)
         if grad is None:
@@ -54,7 +58,7 @@ def grads_by_dtype(params: Iterable[Tensor]) -> dict:
     return groups
 
 
-def _scale_for(dtype, scale: Tensor) -> Tensor:
+def _scale_for(dtype: Any, scale: Tensor) -> Tensor:
     return scale.astype(paddle.float64) if dtype == paddle.float64 else scale
 
 
@@ -66,7 +70,7 @@ def any_of(flags: Sequence[Tensor]) -> Tensor:
     return combined
 
 
-def unscale_and_check_(grads: dict, scale: Tensor, all_finite: Tensor) -> Tensor:
+def unscale_and_check_(grads: GradGroups, scale: Tensor, all_finite: Tensor) -> Tensor:
     """Multiply ``grads`` (from ``grads_by_dtype``) in place by 1/scale; return a bool
     [1] tensor: any inf/nan.
 
@@ -89,7 +93,7 @@ def unscale_paths() -> list[str]:
     return [PADDLE_PATH] + ([FUSED_CPU_PATH] if fused_cpu.load() is not None else [])
 
 
-def default_unscale_path(place=None) -> str:
+def default_unscale_path(place: Any = None) -> str:
     """The implementation used for gradients on ``place`` (default: Paddle's current)."""
     place = place or paddle.framework._current_expected_place()
     # Paddle 2.6's expected place is a CPUPlace, which has no is_cpu_place().
@@ -115,7 +119,7 @@ def _path_for(scale: Tensor) -> str:
     return _forced_path or default_unscale_path(scale.place)
 
 
-def zero_if_found_(grads: dict, found_inf: Tensor, scale: Tensor,
+def zero_if_found_(grads: GradGroups, found_inf: Tensor, scale: Tensor,
                    incr_count: Tensor, decr_count: Tensor) -> None:
     """Set every gradient (from ``grads_by_dtype``) to zero when ``found_inf`` holds,
     decided on the device.

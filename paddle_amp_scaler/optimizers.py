@@ -19,7 +19,7 @@ _CLIPS_THAT_KEEP_ZERO = (
 )
 
 
-def parameters_of(optimizer: Any) -> list:
+def parameters_of(optimizer: Any) -> list[Any]:
     """The parameters an optimizer updates, across its parameter groups."""
     groups = getattr(optimizer, "_param_groups", None)
     if groups and isinstance(groups[0], dict):
@@ -64,10 +64,10 @@ def zero_grads_make_no_update(optimizer: Any) -> bool:
     if not _keeps_zero(getattr(optimizer, "_grad_clip", None)):
         return False
     groups = optimizer._param_groups
-    if groups and isinstance(groups[0], dict):
-        if any(group.get("weight_decay") is not None or not _keeps_zero(group.get("grad_clip"))
-               for group in groups):
-            return False
+    if (groups and isinstance(groups[0], dict)
+            and any(group.get("weight_decay") is not None
+                    or not _keeps_zero(group.get("grad_clip")) for group in groups)):
+        return False
     return all(getattr(param, "regularizer", None) is None for param in parameters_of(optimizer))
 
 

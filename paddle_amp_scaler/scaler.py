@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import functools
 import logging
 import warnings
 from collections import defaultdict
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypedDict
 
-import numpy as np
 import paddle
+from paddle import Tensor
 from paddle.amp.auto_cast import amp_global_state
 from paddle.amp.grad_scaler import OptimizerState
 
@@ -19,18 +18,25 @@ from .state import ScalerState, parse_state_dict
 
 logger = logging.getLogger("paddle_amp_scaler")
 
-Tensor = paddle.Tensor
+
+class _OptimizerRecord(TypedDict):
+    """What the scaler knows about one optimizer during an iteration (Paddle's keys)."""
+
+    state: Any  # an OptimizerState
+    found_inf: Any  # a bool tensor [1], or a host bool/int written by a wrapper
+    grads: kernels.GradGroups | None
 
 
-def _fresh_optimizer_state() -> dict:
+def _fresh_optimizer_state() -> _OptimizerRecord:
     # A module-level factory, like Paddle's and PyTorch's, so that a scaler holding a
     # defaultdict of these can be pickled and deep-copied.
     return {"state": OptimizerState.INIT, "found_inf": None, "grads": None}
 
 
-def _read_back(tensor: Tensor) -> np.ndarray:
-    """Copy a device tensor to the host: a device sync, for getters and state_dict only."""
-    return np.array(tensor.numpy(), copy=True)
+def _read_number(tensor: Tensor) -> float:
+    """The value of a one-element device tensor: a device sync, for getters and
+    state_dict only."""
+    return float(tensor.numpy().reshape(-1)[0])
 
 
 class AmpScaler:
@@ -81,7 +87,8 @@ class AmpScaler:
         self._temp_found_inf_value_false = paddle.to_tensor([False])
         self._found_inf: Any = self._temp_found_inf_value_false
         self._cache_found_inf: Any = None
-        self._optimizer_states: defaultdict = defaultdict(_fresh_optimizer_state)
+        self._optimizer_states: defaultdict[int, _OptimizerRecord] = defaultdict(
+            _fresh_optimizer_state)
         # Stands in for update_loss_scaling's gradient list, which may not be empty.
         self._update_scratch = paddle.zeros([1], dtype="float32")
         if self._enable:
@@ -143,8 +150,9 @@ class AmpScaler:
             return
         state = self._optimizer_states[id(optimizer)]
         _refuse_unscale_in(state["state"])
-        state["grads"] = kernels.grads_by_dtype(optimizers.parameters_of(optimizer))
-        self._found_inf = kernels.unscale_and_check_(state["grads"], self._scale,
+        grads = kernels.grads_by_dtype(optimizers.parameters_of(optimizer))
+        state["grads"] = grads
+        self._found_inf = kernels.unscale_and_check_(grads, self._scale,
                                                      self._temp_found_inf_value_false)
         state["state"] = OptimizerState.UNSCALED
 
@@ -162,13 +170,13 @@ class AmpScaler:
                 UserWarning, stacklevel=3)
             self._enable = False
 
-    def _unscale_and_record(self, optimizer: Any, state: dict) -> None:
+    def _unscale_and_record(self, optimizer: Any, state: _OptimizerRecord) -> None:
         self._unscale(optimizer)
         # A replaced _unscale may neither mark the state nor keep per-optimizer verdicts.
         state["found_inf"] = self._found_inf
         state["state"] = OptimizerState.UNSCALED
 
-    def _prepare_step(self, optimizer: Any, state: dict) -> None:
+    def _prepare_step(self, optimizer: Any, state: _OptimizerRecord) -> None:
         if state["state"] is OptimizerState.STEPPED:
             raise RuntimeError(
                 "step() has already been called for this optimizer since the last "
@@ -176,7 +184,8 @@ class AmpScaler:
         if state["state"] is OptimizerState.INIT:
             self._unscale_and_record(optimizer, state)
 
-    def _step_or_skip(self, optimizer: Any, state: dict, run_step: Callable[[], Any]) -> Any:
+    def _step_or_skip(self, optimizer: Any, state: _OptimizerRecord,
+                      run_step: Callable[[], Any]) -> Any:
         """Run ``run_step`` so that it changes nothing when this optimizer found inf/nan."""
         found_inf = state["found_inf"]
         self._found_inf = found_inf
@@ -185,16 +194,16 @@ class AmpScaler:
             self._cache_found_inf = bool(found_inf)
             return _SKIPPED_ON_HOST if found_inf else run_step()
 
-        taker = optimizers.flag_taker(optimizer)
         if optimizers.zero_grads_make_no_update(optimizer):
             # A replaced _unscale (fleet's) leaves no gradient list behind.
             grads = state["grads"] or kernels.grads_by_dtype(optimizers.parameters_of(optimizer))
             kernels.zero_if_found_(grads, found_inf, self._scale, self._incr_count,
                                    self._decr_count)
             # A flag left over from another scaler would make Paddle read it.
-            taker._set_auxiliary_var("found_inf", None)
+            optimizer._set_auxiliary_var("found_inf", None)
             self._cache_found_inf = found_inf
             return run_step()
+        taker = optimizers.flag_taker(optimizer)
         if taker is not None:
             taker._set_auxiliary_var("found_inf", found_inf)
             result = run_step()
@@ -237,7 +246,7 @@ class AmpScaler:
 
     def get_loss_scaling(self) -> float:
         """The current scale (reads the device); 1.0 when disabled."""
-        return float(_read_back(self._scale)[0]) if self._enable else 1.0
+        return _read_number(self._scale) if self._enable else 1.0
 
     def get_init_loss_scaling(self) -> float:
         return self._init_loss_scaling if self._enable else 1.0
@@ -281,7 +290,7 @@ class AmpScaler:
 
     def get_incr_count(self) -> int:
         """Finite steps since the last increase or inf/nan step (reads the device)."""
-        return int(_read_back(self._incr_count)[0])
+        return int(_read_number(self._incr_count))
 
     def set_incr_count(self, new_incr_count: int) -> None:
         count = validation.check_count(new_incr_count, "new_incr_count",
@@ -290,7 +299,7 @@ class AmpScaler:
 
     def get_decr_count(self) -> int:
         """Inf/nan steps since the last decrease or finite step (reads the device)."""
-        return int(_read_back(self._decr_count)[0])
+        return int(_read_number(self._decr_count))
 
     def set_decr_count(self, new_decr_count: int) -> None:
         count = validation.check_count(new_decr_count, "new_decr_count",
@@ -299,12 +308,12 @@ class AmpScaler:
 
     # -- state_dict -----------------------------------------------------------------
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         """The scaler's state in Paddle's format (reads the device); ``{}`` when disabled."""
         if not self._enable:
             return {}
         return ScalerState(
-            scale=float(_read_back(self._scale)[0]),
+            scale=_read_number(self._scale),
             incr_ratio=self._incr_ratio,
             decr_ratio=self._decr_ratio,
             incr_every_n_steps=self._incr_every_n_steps,
@@ -314,7 +323,7 @@ class AmpScaler:
             use_dynamic_loss_scaling=self._use_dynamic_loss_scaling,
         ).to_paddle_dict()
 
-    def load_state_dict(self, state_dict: Mapping) -> None:
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Load a state dict of this package, of Paddle's scalers or of PyTorch's GradScaler.
 
         A bad dict raises ``ValueError`` naming the key and leaves the scaler unchanged.
@@ -405,9 +414,14 @@ def _refuse_unscale_in(stage: OptimizerState) -> None:
             "before step(), or call update() to start the next iteration")
 
 
-@functools.lru_cache(maxsize=None)
+_host_decided_types: set[type] = set()
+
+
 def _note_host_decision(optimizer_type: type) -> None:
     # Once per optimizer class: the cost is per step, the news is not.
+    if optimizer_type in _host_decided_types:
+        return
+    _host_decided_types.add(optimizer_type)
     logger.info("%s takes no found-inf flag (no _set_auxiliary_var, nor an inner Paddle "
                 "optimizer that has one): the scaler reads the flag on the host before "
                 "each step, a device sync on GPU", optimizer_type.__qualname__)

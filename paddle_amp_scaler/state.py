@@ -7,7 +7,7 @@ Two formats are read: Paddle's (which this package also writes, so that Paddle's
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -29,7 +29,7 @@ class ScalerState:
     decr_count: int
     use_dynamic_loss_scaling: bool
 
-    def to_paddle_dict(self) -> dict:
+    def to_paddle_dict(self) -> dict[str, Any]:
         fields = dataclasses.asdict(self)
         fields["scale"] = np.array([self.scale], dtype=np.float32)
         return fields
@@ -49,7 +49,7 @@ _TORCH_TO_PADDLE = {
 _TORCH_IMPLIED = {"decr_every_n_nan_or_inf": 1, "decr_count": 0, "use_dynamic_loss_scaling": True}
 
 
-def parse_state_dict(state_dict: Mapping) -> ScalerState:
+def parse_state_dict(state_dict: Mapping[str, Any]) -> ScalerState:
     """Validate a Paddle-format or PyTorch-format state dict; unknown keys are ignored.
 
     Raises ``ValueError`` naming the (source) key for a missing key or a bad value.
@@ -58,7 +58,7 @@ def parse_state_dict(state_dict: Mapping) -> ScalerState:
         raise TypeError(f"state_dict must be a dict, got {type(state_dict).__name__}")
     if "growth_factor" in state_dict:
         source_key = {ours: theirs for theirs, ours in _TORCH_TO_PADDLE.items()}
-        values = dict(_TORCH_IMPLIED)
+        values: dict[str, Any] = dict(_TORCH_IMPLIED)
     else:
         source_key = {key: key for key in PADDLE_KEYS}
         values = {}
@@ -67,7 +67,7 @@ def parse_state_dict(state_dict: Mapping) -> ScalerState:
             raise ValueError(f"state_dict is missing the key {theirs!r}")
         values[ours] = state_dict[theirs]
 
-    def checked(key: str, check, *args) -> Any:
+    def checked(key: str, check: Callable[..., Any], *args: Any) -> Any:
         name = f"state_dict[{source_key.get(key, key)!r}]"
         try:
             return check(values[key], name, *args)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import paddle
 
@@ -12,7 +14,7 @@ _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 _PADDLE_DIR = os.path.dirname(os.path.abspath(paddle.__file__))
 
 
-def emulate_fp16_grads(model: paddle.nn.Layer) -> list:
+def emulate_fp16_grads(model: paddle.nn.Layer) -> list[Any]:
     """Round every parameter gradient of ``model`` through float16, as fp16 training would.
 
     Paddle's CPU build runs no float16 matmul, so a float32 model stands in for an fp16
@@ -50,18 +52,18 @@ class HostReadCounter:
         counter.reads            # {"scaler": 0, "paddle": 1, "other": 0} for Adam
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.reads = {"scaler": 0, "paddle": 0, "other": 0}
-        self.where = []
+        self.where: list[tuple[str, str, int]] = []
         self._depth = 0
 
-    def total(self):
+    def total(self) -> int:
         return sum(self.reads.values())
 
-    def _wrap(self, original):
+    def _wrap(self, original: Callable[..., Any]) -> Callable[..., Any]:
         counter = self
 
-        def counting(tensor, *args, **kwargs):
+        def counting(tensor: paddle.Tensor, *args: Any, **kwargs: Any) -> Any:
             if counter._depth == 0:
                 caller = sys._getframe(1).f_code.co_filename
                 origin = ("scaler" if caller.startswith(_PACKAGE_DIR) else
@@ -76,7 +78,7 @@ class HostReadCounter:
         return counting
 
     @contextlib.contextmanager
-    def counting(self):
+    def counting(self) -> Iterator[HostReadCounter]:
         saved = {name: paddle.Tensor.__dict__.get(name) for name in _READ_METHODS}
         try:
             for name in _READ_METHODS:
