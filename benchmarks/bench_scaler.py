@@ -517,11 +517,10 @@ def fit_cost_vs_size(runs) -> dict:
 
 
 def cpu_model() -> str:
-    with contextlib.suppress(OSError):
-        with open("/proc/cpuinfo") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as cpuinfo:
+        for line in cpuinfo:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
     return platform.processor() or "unknown"
 
 

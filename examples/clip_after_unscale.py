@@ -5,9 +5,10 @@ in place, and step() then knows not to unscale again.
 """
 
 import paddle
-from _common import mlp, parse_steps, toy_batches
 
 from paddle_amp_scaler import GradScaler, auto_cast
+
+from _common import mlp, parse_steps, toy_batches
 
 steps = parse_steps(__doc__.splitlines()[0])
 model = mlp()

@@ -5,9 +5,10 @@ once per optimizer step, not once per backward pass.
 """
 
 import paddle
-from _common import mlp, parse_steps, toy_batches
 
 from paddle_amp_scaler import GradScaler, auto_cast
+
+from _common import mlp, parse_steps, toy_batches
 
 ACCUMULATE = 4
 steps = parse_steps(__doc__.splitlines()[0])

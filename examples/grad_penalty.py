@@ -6,9 +6,10 @@ the scale back costs one device sync per step, as in PyTorch's version of this p
 """
 
 import paddle
-from _common import parse_steps, toy_batches
 
 from paddle_amp_scaler import GradScaler, auto_cast
+
+from _common import parse_steps, toy_batches
 
 steps = parse_steps(__doc__.splitlines()[0])
 model = paddle.nn.Sequential(paddle.nn.Linear(16, 64), paddle.nn.Tanh(), paddle.nn.Linear(64, 1))

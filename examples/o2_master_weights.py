@@ -8,9 +8,10 @@ trains only on a GPU.
 """
 
 import paddle
-from _common import gpu_available, mlp, parse_steps, toy_batches
 
 from paddle_amp_scaler import GradScaler, auto_cast, decorate
+
+from _common import gpu_available, mlp, parse_steps, toy_batches
 
 steps = parse_steps(__doc__.splitlines()[0])
 model = mlp()

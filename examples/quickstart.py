@@ -5,10 +5,11 @@ scaler visibly backs off.
 """
 
 import paddle
-from _common import gpu_available, mlp, parse_steps, toy_batches
 
 from paddle_amp_scaler import GradScaler, auto_cast
 from paddle_amp_scaler.testing import emulate_fp16_grads
+
+from _common import gpu_available, mlp, parse_steps, toy_batches
 
 steps = parse_steps(__doc__.splitlines()[0], default=300)
 model = mlp()

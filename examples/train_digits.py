@@ -25,7 +25,13 @@ import numpy as np
 import paddle
 from tqdm import tqdm
 
-from paddle_amp_scaler import AmpScaler, auto_cast, load_checkpoint, read_checkpoint, save_checkpoint
+from paddle_amp_scaler import (
+    AmpScaler,
+    auto_cast,
+    load_checkpoint,
+    read_checkpoint,
+    save_checkpoint,
+)
 from paddle_amp_scaler.testing import emulate_fp16_grads
 
 CHECKPOINT_NAME = "digits.ckpt"

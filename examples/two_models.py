@@ -5,9 +5,10 @@ one found inf/nan. Both losses are scaled by the same factor.
 """
 
 import paddle
-from _common import mlp, parse_steps, toy_batches
 
 from paddle_amp_scaler import GradScaler, auto_cast
+
+from _common import mlp, parse_steps, toy_batches
 
 steps = parse_steps(__doc__.splitlines()[0])
 encoder, head = mlp(outputs=8), mlp(features=8)

@@ -11,9 +11,10 @@ import math
 import os
 import warnings
 
-# Before Paddle: Paddle 2.6 loads its own zlib, which breaks numpy.random's later import.
-import numpy.random  # noqa: F401  isort: skip
 import numpy as np
+
+# Before Paddle: Paddle 2.6 loads its own zlib, which breaks numpy.random's later import.
+import numpy.random
 import paddle
 
 from paddle_amp_scaler import GradScaler, load_checkpoint, save_checkpoint

@@ -7,8 +7,6 @@ import numpy as np
 import paddle
 
 
-
-
 def make_model(seed=0, hidden=16, depth=2):
     paddle.seed(seed)
     layers = [paddle.nn.Linear(8, hidden), paddle.nn.Tanh()]

@@ -13,10 +13,16 @@ import numpy as np
 import paddle
 import pytest
 
-from helpers import GradInjector, batches, make_model, optimizer_state_of, params_of, train_step
-from paddle_amp_scaler import (CheckpointError, GradScaler, load_checkpoint, read_checkpoint,
-                               save_checkpoint)
+from paddle_amp_scaler import (
+    CheckpointError,
+    GradScaler,
+    load_checkpoint,
+    read_checkpoint,
+    save_checkpoint,
+)
 from paddle_amp_scaler.checkpoint import rng_state_survives_pickling
+
+from helpers import GradInjector, batches, make_model, optimizer_state_of, params_of, train_step
 
 # Dropout repeats after a resume only where Paddle can save its generator's position.
 DROPOUT = 0.3 if rng_state_survives_pickling() else 0.0

@@ -6,8 +6,9 @@ import re
 
 import paddle
 
-from helpers import GradInjector, batches, make_model, train_step
 from paddle_amp_scaler import GradScaler
+
+from helpers import GradInjector, batches, make_model, train_step
 
 CONCEPTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                         "docs", "concepts.md")

@@ -10,8 +10,9 @@ import pytest
 from paddle import _C_ops, _legacy_C_ops
 from paddle.amp.grad_scaler import OptimizerState
 
-from helpers import GradInjector, batches, loss_of, make_model, params_of, train_step
 from paddle_amp_scaler import AmpScaler, GradScaler
+
+from helpers import GradInjector, batches, loss_of, make_model, params_of, train_step
 
 
 def test_private_fields_have_paddles_meaning():
@@ -93,8 +94,10 @@ def single_rank_hcg(monkeypatch):
 
 def master_grad_run(scaler_wrapper, inject_on_steps, steps=4):
     """Paddle's MixPrecisionLayer/Optimizer: grads accumulate into param.main_grad."""
-    from paddle.distributed.fleet.utils.mix_precision_utils import (MixPrecisionLayer,
-                                                                    MixPrecisionOptimizer)
+    from paddle.distributed.fleet.utils.mix_precision_utils import (
+        MixPrecisionLayer,
+        MixPrecisionOptimizer,
+    )
     model = make_model()
     # The dtype is only checked: the layers stay float32, which the CPU can run.
     wrapped = MixPrecisionLayer(model, dtype="float16")

@@ -7,8 +7,9 @@ import numpy as np
 import paddle
 import pytest
 
-from helpers import batches, loss_of, make_model
 from paddle_amp_scaler import AmpScaler, GradScaler
+
+from helpers import batches, loss_of, make_model
 
 BAD_ARGUMENTS = [
     ("enable", 1, TypeError), ("enable", "yes", TypeError),

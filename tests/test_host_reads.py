@@ -6,9 +6,10 @@ import math
 import paddle
 import pytest
 
-from helpers import GradInjector, batches, loss_of, make_model
 from paddle_amp_scaler import AmpScaler, GradScaler
 from paddle_amp_scaler.testing import HostReadCounter
+
+from helpers import GradInjector, batches, loss_of, make_model
 from test_training_equivalence import OPTIMIZERS
 
 # Reads per step made inside Paddle's optimizer when it is handed the flag.

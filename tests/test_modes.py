@@ -7,8 +7,9 @@ import paddle
 import pytest
 from paddle.amp.auto_cast import amp_global_state
 
-from helpers import batches, loss_of, make_model, params_of
 from paddle_amp_scaler import AmpScaler, GradScaler, auto_cast
+
+from helpers import batches, loss_of, make_model, params_of
 
 
 @pytest.mark.parametrize("cls", [AmpScaler, GradScaler])

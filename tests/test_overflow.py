@@ -7,10 +7,18 @@ import numpy as np
 import paddle
 import pytest
 
-from helpers import (GradInjector, batches, loss_of, make_model, optimizer_state_of, params_of,
-                     train_step)
 from paddle_amp_scaler import AmpScaler, GradScaler
 from paddle_amp_scaler.testing import emulate_fp16_grads
+
+from helpers import (
+    GradInjector,
+    batches,
+    loss_of,
+    make_model,
+    optimizer_state_of,
+    params_of,
+    train_step,
+)
 from test_training_equivalence import OPTIMIZERS
 
 

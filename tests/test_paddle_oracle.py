@@ -8,9 +8,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import (GradInjector, batches, make_model, oracle_skipped, paddle_oracle, params_of,
-                     train_step)
 from paddle_amp_scaler import GradScaler
+
+from helpers import (
+    GradInjector,
+    batches,
+    make_model,
+    oracle_skipped,
+    paddle_oracle,
+    params_of,
+    train_step,
+)
 from test_training_equivalence import OPTIMIZERS
 
 INJECTED = {"finite": None, "inf": math.inf, "nan": math.nan}

@@ -11,8 +11,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import GradInjector, batches, make_model, params_of, train_step
 from paddle_amp_scaler import GradScaler
+
+from helpers import GradInjector, batches, make_model, params_of, train_step
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 VALID = {"scale": np.array([512.0], dtype=np.float32), "incr_ratio": 2.0, "decr_ratio": 0.5,
@@ -82,7 +83,9 @@ def load_random_state_dict(state):
             if key != "scale":
                 assert after[key] == state[key], key
     else:
-        with pytest.raises(ValueError):
+        # Every refusal names the key: "state_dict['incr_ratio'] must be ..." or
+        # "state_dict is missing the key ...".
+        with pytest.raises(ValueError, match=r"^state_dict(\[| is missing)"):
             scaler.load_state_dict(state)
         after = scaler.state_dict()
         for key in before:

@@ -7,8 +7,9 @@ import numpy as np
 import paddle
 import pytest
 
-from helpers import paddle_oracle
 from paddle_amp_scaler import AmpScaler, GradScaler
+
+from helpers import paddle_oracle
 
 
 def observable(scaler):

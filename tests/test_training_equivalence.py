@@ -5,9 +5,17 @@ import numpy as np
 import paddle
 import pytest
 
-from helpers import (batches, finish_step, loss_of, make_model, optimizer_state_of, params_of,
-                     train_step)
 from paddle_amp_scaler import AmpScaler, GradScaler
+
+from helpers import (
+    batches,
+    finish_step,
+    loss_of,
+    make_model,
+    optimizer_state_of,
+    params_of,
+    train_step,
+)
 
 OPTIMIZERS = {
     "sgd": lambda params: paddle.optimizer.SGD(learning_rate=0.05, parameters=params),

@@ -8,8 +8,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import GradInjector, batches, make_model, train_step
 from paddle_amp_scaler import AmpScaler, GradScaler
+
+from helpers import GradInjector, batches, make_model, train_step
 from reference_rule import ReferenceScaler
 
 INJECTED = {"finite": None, "inf": math.inf, "nan": math.nan}
