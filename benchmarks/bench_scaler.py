@@ -64,8 +64,10 @@ FLOAT32_BYTES = 4  # every parameter and gradient here is float32
 WARMUP_ROUNDS = 3
 
 # The pair of implementations each ratio compares: like with like, step with step.
-RATIO_PAIRS = {"step": ("ours-step", "native-step"),
-               "minimize": ("ours-minimize", "native-minimize")}
+RATIO_PAIRS = {
+    "step": ("ours-step", "native-step"),
+    "minimize": ("ours-minimize", "native-minimize"),
+}
 READ_ORIGINS = ("scaler", "paddle", "other")
 
 
@@ -81,18 +83,25 @@ class Profile:
 PROFILES = {
     # 64x4M against 256x4M and 64x32M against 512x32M give the cost per tensor at a
     # fixed size; 64x4M against 64x32M gives the cost per parameter.
-    "default": Profile("8x1M,64x4M,256x4M,512x32M,64x32M", step_budget_s=25.0,
-                       bandwidth_budget_s=4.0, min_rounds=10, max_rounds=400),
+    "default": Profile(
+        "8x1M,64x4M,256x4M,512x32M,64x32M",
+        step_budget_s=25.0,
+        bandwidth_budget_s=4.0,
+        min_rounds=10,
+        max_rounds=400,
+    ),
     # 8x4M shares its tensor count with 8x1M and its size with 64x4M, so that even the
     # quick run can fit both cost-vs-size figures.
-    "quick": Profile("8x1M,8x4M,64x4M", step_budget_s=1.5, bandwidth_budget_s=0.4,
-                     min_rounds=7, max_rounds=60),
+    "quick": Profile(
+        "8x1M,8x4M,64x4M", step_budget_s=1.5, bandwidth_budget_s=0.4, min_rounds=7, max_rounds=60
+    ),
 }
 
 OPTIMIZERS = {
     "sgd": lambda params: paddle.optimizer.SGD(learning_rate=1e-3, parameters=params),
-    "adamw": lambda params: paddle.optimizer.AdamW(learning_rate=1e-3, parameters=params,
-                                                   weight_decay=0.01),
+    "adamw": lambda params: paddle.optimizer.AdamW(
+        learning_rate=1e-3, parameters=params, weight_decay=0.01
+    ),
 }
 
 _SIZE_SUFFIXES = {"K": 10**3, "M": 10**6, "G": 10**9}
@@ -123,10 +132,10 @@ def parse_workload(text: str) -> Workload:
         workload = Workload(text, int(tensors), parse_count(params))
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"workload {text!r} is not TENSORSxPARAMS, e.g. 64x4M") from None
+            f"workload {text!r} is not TENSORSxPARAMS, e.g. 64x4M"
+        ) from None
     if not 1 <= workload.tensors <= workload.params:
-        raise argparse.ArgumentTypeError(
-            f"workload {text!r} needs 1 <= tensors <= params")
+        raise argparse.ArgumentTypeError(f"workload {text!r} needs 1 <= tensors <= params")
     return workload
 
 
@@ -139,7 +148,8 @@ def parse_optimizers(text: str) -> list:
     unknown = sorted(set(names) - set(OPTIMIZERS))
     if unknown or not names:
         raise argparse.ArgumentTypeError(
-            f"optimizers must be a comma-separated list from {sorted(OPTIMIZERS)}, got {text!r}")
+            f"optimizers must be a comma-separated list from {sorted(OPTIMIZERS)}, got {text!r}"
+        )
     return names
 
 
@@ -152,15 +162,26 @@ def parse_rounds(text: str) -> int:
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true",
-                        help="small workloads and few rounds (under a minute)")
-    parser.add_argument("--rounds", type=parse_rounds,
-                        help="rounds per measurement (default: sized to a time budget)")
-    parser.add_argument("--workloads", type=parse_workloads,
-                        help="comma-separated TENSORSxPARAMS, e.g. 8x1M,64x4M "
-                             f"(default: {PROFILES['default'].workloads})")
-    parser.add_argument("--optimizers", type=parse_optimizers, default=["sgd", "adamw"],
-                        help="comma-separated, from: " + ",".join(OPTIMIZERS))
+    parser.add_argument(
+        "--quick", action="store_true", help="small workloads and few rounds (under a minute)"
+    )
+    parser.add_argument(
+        "--rounds",
+        type=parse_rounds,
+        help="rounds per measurement (default: sized to a time budget)",
+    )
+    parser.add_argument(
+        "--workloads",
+        type=parse_workloads,
+        help="comma-separated TENSORSxPARAMS, e.g. 8x1M,64x4M "
+        f"(default: {PROFILES['default'].workloads})",
+    )
+    parser.add_argument(
+        "--optimizers",
+        type=parse_optimizers,
+        default=["sgd", "adamw"],
+        help="comma-separated, from: " + ",".join(OPTIMIZERS),
+    )
     parser.add_argument("--json", metavar="PATH", help="write every result to PATH as JSON")
     args = parser.parse_args(argv)
     args.profile = PROFILES["quick" if args.quick else "default"]
@@ -176,8 +197,9 @@ def parse_args(argv):
 def paddle_scaler_believes_it_runs_fp16_on_gpu():
     """Paddle's scalers switch themselves off on CPU, and ``scale()`` switches off outside
     float16 autocast: show them a GPU place and a float16 autocast state while building."""
-    gpu_place = types.SimpleNamespace(is_gpu_place=lambda: True, is_xpu_place=lambda: False,
-                                      is_custom_place=lambda: False)
+    gpu_place = types.SimpleNamespace(
+        is_gpu_place=lambda: True, is_xpu_place=lambda: False, is_custom_place=lambda: False
+    )
     gpu_tracer = types.SimpleNamespace(_expected_place=gpu_place)
     real_tracer = paddle_grad_scaler._dygraph_tracer
     autocast_state = amp_global_state()
@@ -195,8 +217,10 @@ def check_really_scales(scaler):
     # A disabled scaler costs nothing and would make every ratio look great.
     probe = paddle.to_tensor([1.0], dtype="float32")
     if not scaler.is_enable() or float(scaler.scale(probe).numpy()[0]) != SCALE:
-        raise RuntimeError(f"{type(scaler).__module__}.{type(scaler).__name__} did not "
-                           f"enable itself: it would not scale, so timing it means nothing")
+        raise RuntimeError(
+            f"{type(scaler).__module__}.{type(scaler).__name__} did not "
+            f"enable itself: it would not scale, so timing it means nothing"
+        )
     return scaler
 
 
@@ -213,6 +237,7 @@ def step_and_update(scaler, optimizer):
     def step():
         scaler.step(optimizer)
         scaler.update()
+
     return step
 
 
@@ -234,6 +259,7 @@ def floor_step(optimizer):
                 # Fetched per step, as a scaler must: clear_grad may replace the tensors.
                 param._grad_ivar().scale_(inverse_scale)
         optimizer.step()
+
     return step
 
 
@@ -259,6 +285,7 @@ def on_unscale_path(path, run):
     def run_on_path():
         with kernels.using_unscale_path(path):
             return run()
+
     return run_on_path
 
 
@@ -267,18 +294,23 @@ def implementations() -> dict:
     makers = {
         "none": lambda optimizer: optimizer.step,
         "native-step": lambda optimizer: step_and_update(
-            build_native(paddle.amp.GradScaler), optimizer),
+            build_native(paddle.amp.GradScaler), optimizer
+        ),
         "native-minimize": lambda optimizer: minimize_with(
-            build_native(paddle.amp.AmpScaler), optimizer),
+            build_native(paddle.amp.AmpScaler), optimizer
+        ),
         "ours-step": lambda optimizer: step_and_update(
-            build_ours(paddle_amp_scaler.GradScaler), optimizer),
+            build_ours(paddle_amp_scaler.GradScaler), optimizer
+        ),
         "ours-minimize": lambda optimizer: minimize_with(
-            build_ours(paddle_amp_scaler.AmpScaler), optimizer),
+            build_ours(paddle_amp_scaler.AmpScaler), optimizer
+        ),
         "floor": floor_step,
     }
     for path in unscale_paths():
         makers[f"ours-step[{path}]"] = lambda optimizer, path=path: on_unscale_path(
-            path, step_and_update(build_ours(paddle_amp_scaler.GradScaler), optimizer))
+            path, step_and_update(build_ours(paddle_amp_scaler.GradScaler), optimizer)
+        )
     return makers
 
 
@@ -402,13 +434,23 @@ def measure_steps(workload, optimizer_name, params, saved, args, rng) -> dict:
     samples = time_interleaved(steps, rounds, prepare, rng)
     baseline = median_ms(samples["none"])
     impls = {
-        name: {"median_ms": median_ms(samples[name]), "iqr_ms": iqr_ms(samples[name]),
-               "overhead_ms": median_ms(samples[name]) - baseline, "host_reads": reads[name]}
+        name: {
+            "median_ms": median_ms(samples[name]),
+            "iqr_ms": iqr_ms(samples[name]),
+            "overhead_ms": median_ms(samples[name]) - baseline,
+            "host_reads": reads[name],
+        }
         for name in steps
     }
-    return {"workload": workload.label, "tensors": workload.tensors, "params": workload.params,
-            "optimizer": optimizer_name, "rounds": rounds, "impls": impls,
-            "ratios": {kind: overhead_ratio(impls, *pair) for kind, pair in RATIO_PAIRS.items()}}
+    return {
+        "workload": workload.label,
+        "tensors": workload.tensors,
+        "params": workload.params,
+        "optimizer": optimizer_name,
+        "rounds": rounds,
+        "impls": impls,
+        "ratios": {kind: overhead_ratio(impls, *pair) for kind, pair in RATIO_PAIRS.items()},
+    }
 
 
 def overhead_ratio(impls, ours, native):
@@ -438,8 +480,9 @@ def measure_unscale_bandwidth(workload, params, args, rng) -> dict:
     passes = {
         "copy": lambda: copy_all(grads, copies),
         "ours": lambda: kernels.unscale_and_check_(grouped, unit_scale, nothing_to_check),
-        "native": lambda: _legacy_C_ops.check_finite_and_unscale(grads, unit_scale, grads,
-                                                                  native_found),
+        "native": lambda: _legacy_C_ops.check_finite_and_unscale(
+            grads, unit_scale, grads, native_found
+        ),
     }
     for path in unscale_paths():
         passes[f"ours[{path}]"] = on_unscale_path(path, passes["ours"])
@@ -457,8 +500,14 @@ def measure_unscale_bandwidth(workload, params, args, rng) -> dict:
         results[name] = {"median_ms": median_s * 1e3, "gb_per_s": moved_bytes / median_s / 1e9}
     for result in results.values():
         result["vs_copy"] = result["gb_per_s"] / results["copy"]["gb_per_s"]
-    return {"workload": workload.label, "tensors": workload.tensors, "params": workload.params,
-            "grad_bytes": moved_bytes // 2, "rounds": rounds, "passes": results}
+    return {
+        "workload": workload.label,
+        "tensors": workload.tensors,
+        "params": workload.params,
+        "grad_bytes": moved_bytes // 2,
+        "rounds": rounds,
+        "passes": results,
+    }
 
 
 def measure_workload(workload, args, rng):
@@ -496,8 +545,7 @@ def slopes_within(runs, fixed, varied, unit) -> list:
             continue
         fit = {fixed: value, "workloads": [run["workload"] for run in group]}
         for who, impl in (("ours", "ours-step"), ("native", "native-step")):
-            fit[who] = least_squares_slope(xs, [run["impls"][impl]["overhead_ms"]
-                                                for run in group])
+            fit[who] = least_squares_slope(xs, [run["impls"][impl]["overhead_ms"] for run in group])
         fits.append(fit)
     return fits
 
@@ -527,9 +575,13 @@ def cpu_model() -> str:
 def machine_info() -> dict:
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
     return {
-        "cpu_count": os.cpu_count(), "usable_cpus": usable, "cpu_model": cpu_model(),
-        "platform": platform.platform(), "python": platform.python_version(),
-        "paddle": paddle.__version__, "paddle_commit": paddle.version.commit,
+        "cpu_count": os.cpu_count(),
+        "usable_cpus": usable,
+        "cpu_model": cpu_model(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "paddle": paddle.__version__,
+        "paddle_commit": paddle.version.commit,
         "numpy": importlib.metadata.version("numpy"),
         "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
         "threading_env_at_start": THREADING_ENV_AT_START,
@@ -552,29 +604,42 @@ def load_average(info) -> str:
 def print_header(info, command, args):
     print("Loss-scaler overhead per training step (CPU, float32 grads, no forward/backward)")
     print(f"command:  {command}")
-    print(f"machine:  {info['cpu_count']} CPUs ({info['usable_cpus']} usable), "
-          f"{info['cpu_model']}, {info['platform']}, load average {load_average(info)}")
-    print(f"versions: Python {info['python']}, Paddle {info['paddle']} "
-          f"({info['paddle_commit'][:10]}), NumPy {info['numpy']}, "
-          f"paddle_amp_scaler {paddle_amp_scaler.__version__}")
-    print(f"threads:  environment at start {info['threading_env_at_start']}, "
-          f"after importing Paddle {info['threading_env_after_imports']}")
-    print(f"ours unscales on path {default_unscale_path()!r} by default; "
-          f"paths to compare: {unscale_paths() or 'none offered'}")
-    print(f"scale {SCALE:g}; rounds {args.rounds or 'sized to a time budget'}; "
-          f"medians over interleaved rounds; overhead = median - median(none)")
+    print(
+        f"machine:  {info['cpu_count']} CPUs ({info['usable_cpus']} usable), "
+        f"{info['cpu_model']}, {info['platform']}, load average {load_average(info)}"
+    )
+    print(
+        f"versions: Python {info['python']}, Paddle {info['paddle']} "
+        f"({info['paddle_commit'][:10]}), NumPy {info['numpy']}, "
+        f"paddle_amp_scaler {paddle_amp_scaler.__version__}"
+    )
+    print(
+        f"threads:  environment at start {info['threading_env_at_start']}, "
+        f"after importing Paddle {info['threading_env_after_imports']}"
+    )
+    print(
+        f"ours unscales on path {default_unscale_path()!r} by default; "
+        f"paths to compare: {unscale_paths() or 'none offered'}"
+    )
+    print(
+        f"scale {SCALE:g}; rounds {args.rounds or 'sized to a time budget'}; "
+        f"medians over interleaved rounds; overhead = median - median(none)"
+    )
 
 
 def print_run(run):
-    print(f"\n== {run['workload']}: {run['tensors']} tensors, {format_count(run['params'])} "
-          f"params, {run['optimizer']}, {run['rounds']} rounds")
-    print(f"{'impl':<24}{'median ms':>11}{'iqr ms':>9}{'overhead ms':>13}"
-          f"   host reads scaler/paddle/other")
+    print(
+        f"\n== {run['workload']}: {run['tensors']} tensors, {format_count(run['params'])} "
+        f"params, {run['optimizer']}, {run['rounds']} rounds"
+    )
+    print(
+        f"{'impl':<24}{'median ms':>11}{'iqr ms':>9}{'overhead ms':>13}"
+        f"   host reads scaler/paddle/other"
+    )
     for name, impl in run["impls"].items():
         overhead = "-" if name == "none" else f"{impl['overhead_ms']:.3f}"
         reads = "/".join(str(impl["host_reads"][origin]) for origin in READ_ORIGINS)
-        print(f"{name:<24}{impl['median_ms']:>11.3f}{impl['iqr_ms']:>9.3f}{overhead:>13}"
-              f"   {reads}")
+        print(f"{name:<24}{impl['median_ms']:>11.3f}{impl['iqr_ms']:>9.3f}{overhead:>13}   {reads}")
     for kind, (ours, native) in RATIO_PAIRS.items():
         print(f"overhead {ours} / {native}: {ratio_verdict(run['ratios'][kind])}")
 
@@ -592,45 +657,62 @@ def bandwidth_verdict(vs_copy) -> str:
 
 
 def print_bandwidth(bandwidth):
-    print(f"\n-- unscale pass over the {bandwidth['workload']} grads "
-          f"({bandwidth['grad_bytes'] / 1e6:.1f} MB, read once and written once), "
-          f"{bandwidth['rounds']} rounds")
+    print(
+        f"\n-- unscale pass over the {bandwidth['workload']} grads "
+        f"({bandwidth['grad_bytes'] / 1e6:.1f} MB, read once and written once), "
+        f"{bandwidth['rounds']} rounds"
+    )
     print(f"{'pass':<24}{'median ms':>11}{'GB/s':>9}{'vs copy':>9}")
     for name, result in bandwidth["passes"].items():
         verdict = "   " + bandwidth_verdict(result["vs_copy"]) if name == "ours" else ""
-        print(f"{name:<24}{result['median_ms']:>11.3f}{result['gb_per_s']:>9.2f}"
-              f"{result['vs_copy']:>9.2f}{verdict}")
+        print(
+            f"{name:<24}{result['median_ms']:>11.3f}{result['gb_per_s']:>9.2f}"
+            f"{result['vs_copy']:>9.2f}{verdict}"
+        )
 
 
 def print_fits(fits):
     print("\n== cost against size (overhead of ours-step and native-step)")
     for optimizer_name, fit in fits.items():
         for slope in fit["ms_per_mparam"] or [None]:
-            print(f"{optimizer_name}: " + (
-                "ms per M params: n/a (needs two workloads with the same tensor count)"
-                if slope is None else
-                f"ms per M params at {slope['tensors']} tensors: ours {slope['ours']:.4g}, "
-                f"native {slope['native']:.4g} ({', '.join(slope['workloads'])})"))
+            print(
+                f"{optimizer_name}: "
+                + (
+                    "ms per M params: n/a (needs two workloads with the same tensor count)"
+                    if slope is None
+                    else f"ms per M params at {slope['tensors']} tensors: "
+                    f"ours {slope['ours']:.4g}, native {slope['native']:.4g} "
+                    f"({', '.join(slope['workloads'])})"
+                )
+            )
         for slope in fit["ms_per_tensor"] or [None]:
-            print(f"{optimizer_name}: " + (
-                "ms per tensor: n/a (needs two workloads with the same size)"
-                if slope is None else
-                f"ms per tensor at {format_count(slope['params'])} params: ours "
-                f"{slope['ours']:.4g}, native {slope['native']:.4g} "
-                f"({', '.join(slope['workloads'])})"))
+            print(
+                f"{optimizer_name}: "
+                + (
+                    "ms per tensor: n/a (needs two workloads with the same size)"
+                    if slope is None
+                    else f"ms per tensor at {format_count(slope['params'])} params: ours "
+                    f"{slope['ours']:.4g}, native {slope['native']:.4g} "
+                    f"({', '.join(slope['workloads'])})"
+                )
+            )
 
 
 def print_summary(runs, bandwidths):
     print("\n== summary")
     for run in runs:
         for kind, (ours, native) in RATIO_PAIRS.items():
-            print(f"{run['workload']:>10} {run['optimizer']:<6} {ours} / {native} overhead: "
-                  f"{ratio_verdict(run['ratios'][kind])}")
+            print(
+                f"{run['workload']:>10} {run['optimizer']:<6} {ours} / {native} overhead: "
+                f"{ratio_verdict(run['ratios'][kind])}"
+            )
     for bandwidth in bandwidths:
         passes = bandwidth["passes"]
-        print(f"{bandwidth['workload']:>10} unscale pass vs copy: ours "
-              f"{passes['ours']['vs_copy']:.2f} {bandwidth_verdict(passes['ours']['vs_copy'])}, "
-              f"native {passes['native']['vs_copy']:.2f}")
+        print(
+            f"{bandwidth['workload']:>10} unscale pass vs copy: ours "
+            f"{passes['ours']['vs_copy']:.2f} {bandwidth_verdict(passes['ours']['vs_copy'])}, "
+            f"native {passes['native']['vs_copy']:.2f}"
+        )
 
 
 def main(argv=None) -> int:
@@ -652,14 +734,25 @@ def main(argv=None) -> int:
     elapsed = time.perf_counter() - started
     print(f"\nmeasured in {elapsed:.1f} s")
     if args.json:
-        write_json(args.json, {
-            "command": command, "machine": info, "quick": args.quick, "scale": SCALE,
-            "default_unscale_path": default_unscale_path(), "unscale_paths": unscale_paths(),
-            "targets": {"overhead_ratio_max": OVERHEAD_RATIO_TARGET,
-                        "bandwidth_vs_copy_min": BANDWIDTH_TARGET},
-            "runs": runs, "bandwidth": bandwidths, "cost_vs_size": fits,
-            "elapsed_s": elapsed,
-        })
+        write_json(
+            args.json,
+            {
+                "command": command,
+                "machine": info,
+                "quick": args.quick,
+                "scale": SCALE,
+                "default_unscale_path": default_unscale_path(),
+                "unscale_paths": unscale_paths(),
+                "targets": {
+                    "overhead_ratio_max": OVERHEAD_RATIO_TARGET,
+                    "bandwidth_vs_copy_min": BANDWIDTH_TARGET,
+                },
+                "runs": runs,
+                "bandwidth": bandwidths,
+                "cost_vs_size": fits,
+                "elapsed_s": elapsed,
+            },
+        )
     return 0
 
 

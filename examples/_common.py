@@ -7,7 +7,9 @@ import paddle
 
 def parse_steps(description, default=20):
     parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--steps", type=int, default=default, help=f"training steps (default {default})")
+    parser.add_argument(
+        "--steps", type=int, default=default, help=f"training steps (default {default})"
+    )
     args = parser.parse_args()
     if args.steps < 1:
         parser.error("--steps must be at least 1")
@@ -29,5 +31,6 @@ def toy_batches(steps, batch=32, features=16, seed=0):
 
 
 def mlp(features=16, hidden=64, outputs=1):
-    return paddle.nn.Sequential(paddle.nn.Linear(features, hidden), paddle.nn.ReLU(),
-                                paddle.nn.Linear(hidden, outputs))
+    return paddle.nn.Sequential(
+        paddle.nn.Linear(features, hidden), paddle.nn.ReLU(), paddle.nn.Linear(hidden, outputs)
+    )

@@ -18,9 +18,9 @@ for x, y in toy_batches(steps):
     with auto_cast():
         loss = paddle.nn.functional.mse_loss(model(x), y)
     scaler.scale(loss).backward()
-    scaler.unscale_(optimizer)                                  # grads are true values now
+    scaler.unscale_(optimizer)  # grads are true values now
     norm = paddle.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)
-    scaler.step(optimizer)                                      # skipped if inf/nan
+    scaler.step(optimizer)  # skipped if inf/nan
     scaler.update()
     optimizer.clear_grad()
 print(f"last loss {float(loss):.4f}, last grad norm before clipping {float(norm):.3f}")

@@ -18,9 +18,12 @@ scaler = GradScaler()
 for micro_step, (x, y) in enumerate(toy_batches(steps * ACCUMULATE), start=1):
     with auto_cast():
         loss = paddle.nn.functional.mse_loss(model(x), y) / ACCUMULATE
-    scaler.scale(loss).backward()                               # grads add up, scaled
+    scaler.scale(loss).backward()  # grads add up, scaled
     if micro_step % ACCUMULATE == 0:
         scaler.step(optimizer)
         scaler.update()
         optimizer.clear_grad()
-print(f"{steps} optimizer steps of {ACCUMULATE} micro-batches, last loss {float(loss) * ACCUMULATE:.4f}")
+print(
+    f"{steps} optimizer steps of {ACCUMULATE} micro-batches, "
+    f"last loss {float(loss) * ACCUMULATE:.4f}"
+)

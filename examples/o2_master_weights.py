@@ -16,22 +16,27 @@ from _common import gpu_available, mlp, parse_steps, toy_batches
 steps = parse_steps(__doc__.splitlines()[0])
 model = mlp()
 optimizer = paddle.optimizer.AdamW(learning_rate=1e-3, parameters=model.parameters())
-model, optimizer = decorate(models=model, optimizers=optimizer, level="O2", dtype="float16",
-                            master_weight=True)
+model, optimizer = decorate(
+    models=model, optimizers=optimizer, level="O2", dtype="float16", master_weight=True
+)
 dtypes = sorted({str(p.dtype).replace("paddle.", "") for p in model.parameters()})
-print(f"after decorate(level='O2'): parameter dtypes {dtypes}, "
-      f"multi-precision optimizer: {optimizer._multi_precision}")
+print(
+    f"after decorate(level='O2'): parameter dtypes {dtypes}, "
+    f"multi-precision optimizer: {optimizer._multi_precision}"
+)
 
 if not gpu_available():
-    print("CPU: decorate() applies O2 on GPU/XPU/custom devices only; to see overflow and "
-          "back-off on a CPU, use paddle_amp_scaler.testing.emulate_fp16_grads instead")
+    print(
+        "CPU: decorate() applies O2 on GPU/XPU/custom devices only; to see overflow and "
+        "back-off on a CPU, use paddle_amp_scaler.testing.emulate_fp16_grads instead"
+    )
 else:
     scaler = GradScaler()
     for x, y in toy_batches(steps):
         with auto_cast(level="O2"):
             loss = paddle.nn.functional.mse_loss(model(x), y.astype("float16"))
         scaler.scale(loss).backward()
-        scaler.step(optimizer)                                  # master weights updated in fp32
+        scaler.step(optimizer)  # master weights updated in fp32
         scaler.update()
         optimizer.clear_grad()
     print(f"last loss {float(loss):.4f}, scale {scaler.get_loss_scaling():.0f}")

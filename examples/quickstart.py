@@ -22,10 +22,12 @@ for step, (x, y) in enumerate(toy_batches(steps), start=1):
     with auto_cast(enable=gpu_available()):
         loss = paddle.nn.functional.mse_loss(model(x), y)
     scaler.scale(loss).backward()
-    scaler.step(optimizer)                      # skipped when a gradient is inf/nan
+    scaler.step(optimizer)  # skipped when a gradient is inf/nan
     scaler.update()
     optimizer.clear_grad()
-    skipped += bool(scaler._cache_found_inf)    # a device read: for the report only
+    skipped += bool(scaler._cache_found_inf)  # a device read: for the report only
     if step == 1 or step % 50 == 0:
-        print(f"step {step:4d}  loss {float(loss):.4f}  scale {scaler.get_loss_scaling():9.0f}"
-              f"  skipped {skipped}")
+        print(
+            f"step {step:4d}  loss {float(loss):.4f}  scale {scaler.get_loss_scaling():9.0f}"
+            f"  skipped {skipped}"
+        )

@@ -40,26 +40,48 @@ CHECKPOINT_NAME = "digits.ckpt"
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(
         description="Train a digits classifier with dynamic loss scaling (CPU or GPU).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     parser.add_argument("--epochs", type=int, default=30, help="passes over the training set")
     parser.add_argument("--batch-size", type=int, default=64, help="examples per step")
     parser.add_argument("--lr", type=float, default=2e-3, help="AdamW learning rate")
-    parser.add_argument("--init-scale", type=float, default=2.0**24,
-                        help="initial loss scale (large on purpose: watch it back off)")
-    parser.add_argument("--incr-every", type=int, default=100,
-                        help="finite steps between scale increases")
-    parser.add_argument("--device", choices=["auto", "cpu", "gpu"], default="auto",
-                        help="where to train; auto picks the GPU when Paddle sees one")
-    parser.add_argument("--emulate-fp16", action=argparse.BooleanOptionalAction, default=None,
-                        help="round gradients through float16 (default: on for CPU, off for GPU)")
+    parser.add_argument(
+        "--init-scale",
+        type=float,
+        default=2.0**24,
+        help="initial loss scale (large on purpose: watch it back off)",
+    )
+    parser.add_argument(
+        "--incr-every", type=int, default=100, help="finite steps between scale increases"
+    )
+    parser.add_argument(
+        "--device",
+        choices=["auto", "cpu", "gpu"],
+        default="auto",
+        help="where to train; auto picks the GPU when Paddle sees one",
+    )
+    parser.add_argument(
+        "--emulate-fp16",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="round gradients through float16 (default: on for CPU, off for GPU)",
+    )
     parser.add_argument("--ckpt-dir", default=None, help="write checkpoints to this folder")
     parser.add_argument("--ckpt-every", type=int, default=100, help="steps between checkpoints")
-    parser.add_argument("--resume", action="store_true",
-                        help="continue from the checkpoint in --ckpt-dir")
-    parser.add_argument("--stop-after", type=int, default=None,
-                        help="stop (with a checkpoint) after this step, as an interrupted run")
-    parser.add_argument("--plot", default="digits_training.png",
-                        help="PNG file for the loss/scale figure ('' for none)")
+    parser.add_argument(
+        "--resume", action="store_true", help="continue from the checkpoint in --ckpt-dir"
+    )
+    parser.add_argument(
+        "--stop-after",
+        type=int,
+        default=None,
+        help="stop (with a checkpoint) after this step, as an interrupted run",
+    )
+    parser.add_argument(
+        "--plot",
+        default="digits_training.png",
+        help="PNG file for the loss/scale figure ('' for none)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed for weights and data order")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
@@ -82,17 +104,23 @@ def parse_args(argv=None):
 def digits(seed):
     features, labels = load_digits(return_X_y=True)
     features = (features / 16.0).astype("float32")
-    return train_test_split(features, labels.astype("int64"), test_size=0.2,
-                            random_state=seed, stratify=labels)
+    return train_test_split(
+        features, labels.astype("int64"), test_size=0.2, random_state=seed, stratify=labels
+    )
 
 
 def build(args):
     paddle.seed(args.seed)
     model = paddle.nn.Sequential(
-        paddle.nn.Linear(64, 256), paddle.nn.ReLU(),
-        paddle.nn.Linear(256, 128), paddle.nn.ReLU(), paddle.nn.Linear(128, 10))
-    optimizer = paddle.optimizer.AdamW(learning_rate=args.lr, parameters=model.parameters(),
-                                       weight_decay=1e-4)
+        paddle.nn.Linear(64, 256),
+        paddle.nn.ReLU(),
+        paddle.nn.Linear(256, 128),
+        paddle.nn.ReLU(),
+        paddle.nn.Linear(128, 10),
+    )
+    optimizer = paddle.optimizer.AdamW(
+        learning_rate=args.lr, parameters=model.parameters(), weight_decay=1e-4
+    )
     scaler = AmpScaler(init_loss_scaling=args.init_scale, incr_every_n_steps=args.incr_every)
     return model, optimizer, scaler
 
@@ -102,7 +130,7 @@ def batch_indices(step, steps_per_epoch, train_size, batch_size, seed):
     sees exactly the batches the interrupted one would have."""
     epoch, position = divmod(step, steps_per_epoch)
     order = np.random.default_rng((seed, epoch)).permutation(train_size)
-    return order[position * batch_size:(position + 1) * batch_size]
+    return order[position * batch_size : (position + 1) * batch_size]
 
 
 def accuracy(model, features, labels):
@@ -115,6 +143,7 @@ def accuracy(model, features, labels):
 
 def plot(path, history):
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -123,8 +152,13 @@ def plot(path, history):
     skipped = np.array(history["skipped"], dtype=bool)
     figure, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(9, 6))
     top.plot(steps[~skipped], loss[~skipped], lw=0.8, label="training loss")
-    top.scatter(steps[skipped], np.full(skipped.sum(), np.nanmax(loss[~skipped])),
-                marker="x", color="tab:red", label="skipped step (inf/nan gradient)")
+    top.scatter(
+        steps[skipped],
+        np.full(skipped.sum(), np.nanmax(loss[~skipped])),
+        marker="x",
+        color="tab:red",
+        label="skipped step (inf/nan gradient)",
+    )
     top.set_yscale("log")
     top.set_ylabel("loss")
     top.legend(loc="lower left")
@@ -142,8 +176,11 @@ def plot(path, history):
 
 def main(argv=None):
     args = parse_args(argv)
-    on_gpu = args.device == "gpu" or (args.device == "auto" and paddle.device.is_compiled_with_cuda()
-                                      and paddle.device.cuda.device_count() > 0)
+    on_gpu = args.device == "gpu" or (
+        args.device == "auto"
+        and paddle.device.is_compiled_with_cuda()
+        and paddle.device.cuda.device_count() > 0
+    )
     paddle.set_device("gpu" if on_gpu else "cpu")
     emulate = (not on_gpu) if args.emulate_fp16 is None else args.emulate_fp16
 
@@ -166,8 +203,14 @@ def main(argv=None):
     last = total_steps if args.stop_after is None else min(args.stop_after, total_steps)
 
     started = time.perf_counter()
-    progress = tqdm(range(start, last), initial=start, total=total_steps,
-                    disable=args.no_progress, desc="train", unit="step")
+    progress = tqdm(
+        range(start, last),
+        initial=start,
+        total=total_steps,
+        disable=args.no_progress,
+        desc="train",
+        unit="step",
+    )
     for step in progress:
         index = batch_indices(step, steps_per_epoch, len(train_x), args.batch_size, args.seed)
         with auto_cast(enable=on_gpu):
@@ -181,13 +224,21 @@ def main(argv=None):
         history["loss"].append(float(loss))
         history["scale"].append(scaler.get_loss_scaling())
         history["skipped"].append(bool(scaler._cache_found_inf))
-        progress.set_postfix(loss=f"{history['loss'][-1]:.3f}",
-                             scale=f"{history['scale'][-1]:.0f}",
-                             skipped=sum(history["skipped"]))
+        progress.set_postfix(
+            loss=f"{history['loss'][-1]:.3f}",
+            scale=f"{history['scale'][-1]:.0f}",
+            skipped=sum(history["skipped"]),
+        )
         done = step + 1
         if checkpoint and (done % args.ckpt_every == 0 or done == last):
-            save_checkpoint(checkpoint, model=model, optimizer=optimizer, scaler=scaler,
-                            step=done, extra={"history": history})
+            save_checkpoint(
+                checkpoint,
+                model=model,
+                optimizer=optimizer,
+                scaler=scaler,
+                step=done,
+                extra={"history": history},
+            )
     progress.close()
     elapsed = time.perf_counter() - started
 
@@ -197,10 +248,12 @@ def main(argv=None):
     test_accuracy = accuracy(model, test_x, test_y)
     if args.plot:
         plot(args.plot, history)
-    print(f"test accuracy {test_accuracy:.2%} | skipped steps {sum(history['skipped'])} "
-          f"| final scale {scaler.get_loss_scaling():.0f} | {elapsed:.1f}s on "
-          f"{'GPU' if on_gpu else 'CPU'}{' (fp16 emulated)' if emulate else ''}"
-          + (f" | figure {args.plot}" if args.plot else ""))
+    print(
+        f"test accuracy {test_accuracy:.2%} | skipped steps {sum(history['skipped'])} "
+        f"| final scale {scaler.get_loss_scaling():.0f} | {elapsed:.1f}s on "
+        f"{'GPU' if on_gpu else 'CPU'}{' (fp16 emulated)' if emulate else ''}"
+        + (f" | figure {args.plot}" if args.plot else "")
+    )
     return test_accuracy
 
 

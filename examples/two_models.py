@@ -19,12 +19,15 @@ for x, y in toy_batches(steps):
     with auto_cast():
         features = encoder(x)
         loss_main = paddle.nn.functional.mse_loss(head(features), y)
-        loss_aux = features.pow(2).mean() * 1e-3                # a regulariser on the encoder
+        loss_aux = features.pow(2).mean() * 1e-3  # a regulariser on the encoder
     scaler.scale(loss_main).backward(retain_graph=True)
     scaler.scale(loss_aux).backward()
     scaler.step(opt_encoder)
     scaler.step(opt_head)
-    scaler.update()                                             # once, for both
+    scaler.update()  # once, for both
     opt_encoder.clear_grad()
     opt_head.clear_grad()
-print(f"last losses {float(loss_main):.4f} / {float(loss_aux):.6f}, scale {scaler.get_loss_scaling():.0f}")
+print(
+    f"last losses {float(loss_main):.4f} / {float(loss_aux):.6f}, "
+    f"scale {scaler.get_loss_scaling():.0f}"
+)

@@ -18,6 +18,15 @@ from .autocast import amp_guard, auto_cast, decorate
 from .checkpoint import CheckpointError, load_checkpoint, read_checkpoint, save_checkpoint
 from .scaler import AmpScaler, GradScaler
 
-__all__ = ["AmpScaler", "GradScaler", "amp_guard", "auto_cast", "decorate",
-           "save_checkpoint", "load_checkpoint", "read_checkpoint", "CheckpointError"]
+__all__ = [
+    "AmpScaler",
+    "GradScaler",
+    "amp_guard",
+    "auto_cast",
+    "decorate",
+    "save_checkpoint",
+    "load_checkpoint",
+    "read_checkpoint",
+    "CheckpointError",
+]
 __version__ = "0.1.0"

@@ -58,8 +58,15 @@ class Checkpoint:
     extra: Any
 
 
-def save_checkpoint(path: str | os.PathLike[str], *, model: Any, optimizer: Any, scaler: Any,
-                    step: int, extra: Any = None) -> None:
+def save_checkpoint(
+    path: str | os.PathLike[str],
+    *,
+    model: Any,
+    optimizer: Any,
+    scaler: Any,
+    step: int,
+    extra: Any = None,
+) -> None:
     """Write model(s), optimizer(s), scaler, Paddle's RNG state, ``step`` and ``extra``.
 
     ``model`` and ``optimizer`` may be lists. ``extra`` is any picklable value (data
@@ -89,30 +96,43 @@ def read_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
     with open(path, "rb") as file:
         data = file.read()
     if len(data) < _HEADER.size:
-        raise CheckpointError(f"checkpoint {path!r} is truncated: {len(data)} bytes, "
-                              f"shorter than its {_HEADER.size}-byte header")
+        raise CheckpointError(
+            f"checkpoint {path!r} is truncated: {len(data)} bytes, "
+            f"shorter than its {_HEADER.size}-byte header"
+        )
     magic, version, length, digest = _HEADER.unpack_from(data)
     if magic != _MAGIC:
         raise CheckpointError(f"{path!r} is not a paddle_amp_scaler checkpoint (bad magic)")
     if version != FORMAT_VERSION:
-        raise CheckpointError(f"checkpoint {path!r} has format version {version}; this "
-                              f"version of paddle_amp_scaler reads version {FORMAT_VERSION}")
-    body = data[_HEADER.size:]
+        raise CheckpointError(
+            f"checkpoint {path!r} has format version {version}; this "
+            f"version of paddle_amp_scaler reads version {FORMAT_VERSION}"
+        )
+    body = data[_HEADER.size :]
     if len(body) != length:
-        raise CheckpointError(f"checkpoint {path!r} is truncated or padded: payload of "
-                              f"{len(body)} bytes, header says {length}")
+        raise CheckpointError(
+            f"checkpoint {path!r} is truncated or padded: payload of "
+            f"{len(body)} bytes, header says {length}"
+        )
     if hashlib.sha256(body).digest() != digest:
         raise CheckpointError(f"checkpoint {path!r} is corrupted: checksum mismatch")
     try:
         payload = pickle.loads(body)
-        return Checkpoint(step=payload["step"], models=payload["models"],
-                          optimizers=payload["optimizers"], scaler=payload["scaler"],
-                          rng=payload["rng"], extra=payload["extra"])
+        return Checkpoint(
+            step=payload["step"],
+            models=payload["models"],
+            optimizers=payload["optimizers"],
+            scaler=payload["scaler"],
+            rng=payload["rng"],
+            extra=payload["extra"],
+        )
     except Exception as error:  # a verified body that still does not parse
         raise CheckpointError(f"checkpoint {path!r} has an unreadable payload: {error}") from None
 
 
-def load_checkpoint(path: str | os.PathLike[str], *, model: Any, optimizer: Any, scaler: Any) -> int:
+def load_checkpoint(
+    path: str | os.PathLike[str], *, model: Any, optimizer: Any, scaler: Any
+) -> int:
     """Restore model(s), optimizer(s), scaler and Paddle's RNG state; return the step.
 
     Everything is checked first (file integrity, the number of models and optimizers,
@@ -125,8 +145,10 @@ def load_checkpoint(path: str | os.PathLike[str], *, model: Any, optimizer: Any,
     try:
         for live, saved in _paired(models, checkpoint.models, "models"):
             _check_model_state(live, saved)
-        optimizer_states = [_rebuild_optimizer_state(live, saved)
-                            for live, saved in _paired(opts, checkpoint.optimizers, "optimizers")]
+        optimizer_states = [
+            _rebuild_optimizer_state(live, saved)
+            for live, saved in _paired(opts, checkpoint.optimizers, "optimizers")
+        ]
         if scaler.is_enable():
             if not checkpoint.scaler:
                 raise ValueError("it was saved from a disabled scaler, but this scaler is enabled")
@@ -145,6 +167,7 @@ def load_checkpoint(path: str | os.PathLike[str], *, model: Any, optimizer: Any,
 
 # -- models -----------------------------------------------------------------------------
 
+
 def _model_state(model: Any) -> dict[str, Any]:
     return {name: _to_numpy(value) for name, value in model.state_dict().items()}
 
@@ -160,6 +183,7 @@ def _check_model_state(model: Any, saved: dict[str, Any]) -> None:
 
 # -- optimizers ---------------------------------------------------------------------------
 
+
 def _optimizer_state(optimizer: Any) -> dict[str, Any]:
     """The optimizer's state_dict with every parameter name replaced by its position."""
     params = optimizer_facts.parameters_of(optimizer)
@@ -171,37 +195,51 @@ def _optimizer_state(optimizer: Any) -> dict[str, Any]:
         if key == "master_weights":
             master_weights = {position[name]: _to_numpy(v) for name, v in value.items()}
         elif isinstance(value, paddle.Tensor):
-            owner = next(((index, key[len(name):]) for name, index in names
-                          if key.startswith(name + "_")), None)
+            owner = next(
+                ((index, key[len(name) :]) for name, index in names if key.startswith(name + "_")),
+                None,
+            )
             if owner is None:
                 other[key] = _to_numpy(value)
             else:
                 accumulators[owner] = _to_numpy(value)
         else:
             other[key] = value
-    return {"parameter_count": len(params), "accumulators": accumulators,
-            "master_weights": master_weights, "other": other}
+    return {
+        "parameter_count": len(params),
+        "accumulators": accumulators,
+        "master_weights": master_weights,
+        "other": other,
+    }
 
 
 def _rebuild_optimizer_state(optimizer: Any, saved: dict[str, Any]) -> dict[str, Any]:
     params = optimizer_facts.parameters_of(optimizer)
     if saved["parameter_count"] != len(params):
-        raise ValueError(f"the optimizer has {len(params)} parameters, the checkpoint's "
-                         f"has {saved['parameter_count']}")
-    state: dict[str, Any] = {params[index].name + suffix: paddle.to_tensor(value)
-             for (index, suffix), value in saved["accumulators"].items()}
+        raise ValueError(
+            f"the optimizer has {len(params)} parameters, the checkpoint's "
+            f"has {saved['parameter_count']}"
+        )
+    state: dict[str, Any] = {
+        params[index].name + suffix: paddle.to_tensor(value)
+        for (index, suffix), value in saved["accumulators"].items()
+    }
     if saved["master_weights"]:
         for index, value in saved["master_weights"].items():
-            _check_like(value, params[index], f"master weight of parameter {index}",
-                        same_dtype=False)
-        state["master_weights"] = {params[index].name: paddle.to_tensor(value)
-                                   for index, value in saved["master_weights"].items()}
+            _check_like(
+                value, params[index], f"master weight of parameter {index}", same_dtype=False
+            )
+        state["master_weights"] = {
+            params[index].name: paddle.to_tensor(value)
+            for index, value in saved["master_weights"].items()
+        }
     for key, value in saved["other"].items():
         state[key] = paddle.to_tensor(value) if isinstance(value, np.ndarray) else value
     return state
 
 
 # -- shared -------------------------------------------------------------------------------
+
 
 def _as_list(value: Any, name: str) -> list[Any]:
     items = list(value) if isinstance(value, (list, tuple)) else [value]
@@ -210,8 +248,7 @@ def _as_list(value: Any, name: str) -> list[Any]:
     return items
 
 
-def _paired(live: Sequence[_Item], saved: Sequence[_Saved], what: str
-            ) -> zip[tuple[_Item, _Saved]]:
+def _paired(live: Sequence[_Item], saved: Sequence[_Saved], what: str) -> zip[tuple[_Item, _Saved]]:
     if len(live) != len(saved):
         raise ValueError(f"{len(live)} {what} given, the checkpoint holds {len(saved)}")
     return zip(live, saved)
@@ -226,8 +263,9 @@ def _check_like(saved: Any, live: Any, what: str, same_dtype: bool = True) -> No
         return
     saved_shape = list(np.shape(saved))
     if saved_shape != list(live.shape):
-        raise ValueError(f"{what} has shape {saved_shape} in the checkpoint, "
-                         f"{list(live.shape)} here")
+        raise ValueError(
+            f"{what} has shape {saved_shape} in the checkpoint, {list(live.shape)} here"
+        )
     if not same_dtype:
         return
     saved_dtype = str(np.asarray(saved).dtype)
@@ -262,7 +300,9 @@ def _rng_state() -> dict[str, Any] | None:
         f"Paddle {paddle.__version__} cannot save the position of its random generator: "
         "after a resume, random layers such as dropout draw other numbers than the "
         "uninterrupted run would have (parameters, optimizer and scaler resume exactly)",
-        UserWarning, stacklevel=3)
+        UserWarning,
+        stacklevel=3,
+    )
     return None
 
 
@@ -271,17 +311,21 @@ def _restore_rng(rng: dict[str, Any] | None, path: str) -> None:
         return
     here = paddle.get_device()
     if rng["device"].split(":")[0] != here.split(":")[0]:
-        warnings.warn(f"checkpoint {path!r} holds the RNG state of {rng['device']}, not of "
-                      f"{here}: random ops (dropout) will not repeat the original run",
-                      RuntimeWarning, stacklevel=3)
+        warnings.warn(
+            f"checkpoint {path!r} holds the RNG state of {rng['device']}, not of "
+            f"{here}: random ops (dropout) will not repeat the original run",
+            RuntimeWarning,
+            stacklevel=3,
+        )
         return
     paddle.set_rng_state(rng["states"])
 
 
 def _write_atomically(path: str, data: bytes) -> None:
     directory = os.path.dirname(os.path.abspath(path))
-    handle, temporary = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.",
-                                         suffix=".tmp")
+    handle, temporary = tempfile.mkstemp(
+        dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp"
+    )
     try:
         with os.fdopen(handle, "wb") as file:
             file.write(data)

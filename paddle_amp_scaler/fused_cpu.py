@@ -51,8 +51,11 @@ def load() -> UnscaleAndCheck | None:
     try:
         return _build_or_register()
     except Exception as error:  # no compiler, no headers, a failed check: fall back
-        logger.warning("fused CPU unscale kernel unavailable (%s); using Paddle's "
-                       "check_finite_and_unscale on CPU", error)
+        logger.warning(
+            "fused CPU unscale kernel unavailable (%s); using Paddle's "
+            "check_finite_and_unscale on CPU",
+            error,
+        )
         return None
 
 
@@ -81,8 +84,13 @@ def _build_or_register() -> UnscaleAndCheck:
         logger.info("building the fused CPU unscale kernel in %s (once, about 15 s)", directory)
         with warnings.catch_warnings(), _quiet_paddle_build_output():
             warnings.simplefilter("ignore")
-            cpp_extension.load(name=name, sources=[_SOURCE], build_directory=directory,
-                               extra_cxx_cflags=["-O3", "-fopenmp-simd"], verbose=False)
+            cpp_extension.load(
+                name=name,
+                sources=[_SOURCE],
+                build_directory=directory,
+                extra_cxx_cflags=["-O3", "-fopenmp-simd"],
+                verbose=False,
+            )
         runner = _runner()
         _verify(runner)
         libraries = glob.glob(os.path.join(directory, "**", "*.so"), recursive=True)
@@ -99,6 +107,7 @@ def _runner() -> UnscaleAndCheck:
 
     def unscale_and_check(grads: Sequence[Tensor], scale: Tensor) -> Tensor:
         return run("fused_unscale_and_check", grads, scale)[0]
+
     return unscale_and_check
 
 

@@ -98,7 +98,8 @@ def default_unscale_path(place: Any = None) -> str:
     place = place or paddle.framework._current_expected_place()
     # Paddle 2.6's expected place is a CPUPlace, which has no is_cpu_place().
     on_cpu = isinstance(place, paddle.CPUPlace) or (
-        hasattr(place, "is_cpu_place") and place.is_cpu_place())
+        hasattr(place, "is_cpu_place") and place.is_cpu_place()
+    )
     return FUSED_CPU_PATH if on_cpu and fused_cpu.load() is not None else PADDLE_PATH
 
 
@@ -119,8 +120,9 @@ def _path_for(scale: Tensor) -> str:
     return _forced_path or default_unscale_path(scale.place)
 
 
-def zero_if_found_(grads: GradGroups, found_inf: Tensor, scale: Tensor,
-                   incr_count: Tensor, decr_count: Tensor) -> None:
+def zero_if_found_(
+    grads: GradGroups, found_inf: Tensor, scale: Tensor, incr_count: Tensor, decr_count: Tensor
+) -> None:
     """Set every gradient (from ``grads_by_dtype``) to zero when ``found_inf`` holds,
     decided on the device.
 
@@ -128,19 +130,37 @@ def zero_if_found_(grads: GradGroups, found_inf: Tensor, scale: Tensor,
     passed only because the kernel's signature wants them.
     """
     for dtype, group in grads.items():
-        _C_ops.update_loss_scaling_(group, found_inf, _scale_for(dtype, scale),
-                                    incr_count, decr_count, 1, 1, 2.0, 0.5, True)
+        _C_ops.update_loss_scaling_(
+            group, found_inf, _scale_for(dtype, scale), incr_count, decr_count, 1, 1, 2.0, 0.5, True
+        )
 
 
-def update_scale_(found_inf: Tensor, scale: Tensor, incr_count: Tensor,
-                  decr_count: Tensor, scratch: Tensor, *, incr_every_n_steps: int,
-                  decr_every_n_nan_or_inf: int, incr_ratio: float,
-                  decr_ratio: float) -> None:
+def update_scale_(
+    found_inf: Tensor,
+    scale: Tensor,
+    incr_count: Tensor,
+    decr_count: Tensor,
+    scratch: Tensor,
+    *,
+    incr_every_n_steps: int,
+    decr_every_n_nan_or_inf: int,
+    incr_ratio: float,
+    decr_ratio: float,
+) -> None:
     """Apply one step of the dynamic update rule to scale and counters, in place.
 
     ``scratch`` is a float32 [1] tensor that stands in for the kernel's ``xs``: the
     grads were dealt with before the step, and the kernel refuses an empty list.
     """
-    _C_ops.update_loss_scaling_([scratch], found_inf, scale, incr_count, decr_count,
-                                incr_every_n_steps, decr_every_n_nan_or_inf,
-                                incr_ratio, decr_ratio, False)
+    _C_ops.update_loss_scaling_(
+        [scratch],
+        found_inf,
+        scale,
+        incr_count,
+        decr_count,
+        incr_every_n_steps,
+        decr_every_n_nan_or_inf,
+        incr_ratio,
+        decr_ratio,
+        False,
+    )

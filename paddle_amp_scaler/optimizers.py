@@ -28,7 +28,8 @@ def parameters_of(optimizer: Any) -> list[Any]:
     if params is None:
         raise TypeError(
             f"optimizer must be a paddle.optimizer.Optimizer built with parameters=..., "
-            f"got {type(optimizer).__name__} with no parameter list")
+            f"got {type(optimizer).__name__} with no parameter list"
+        )
     return list(params)
 
 
@@ -42,8 +43,14 @@ def flag_taker(optimizer: Any) -> Any | None:
     for _ in range(_MAX_WRAPPER_DEPTH):
         if callable(getattr(candidate, "_set_auxiliary_var", None)):
             return candidate
-        candidate = next((getattr(candidate, name) for name in _INNER_OPTIMIZER_ATTRS
-                          if getattr(candidate, name, None) is not None), None)
+        candidate = next(
+            (
+                getattr(candidate, name)
+                for name in _INNER_OPTIMIZER_ATTRS
+                if getattr(candidate, name, None) is not None
+            ),
+            None,
+        )
         if candidate is None:
             return None
     return None
@@ -64,9 +71,14 @@ def zero_grads_make_no_update(optimizer: Any) -> bool:
     if not _keeps_zero(getattr(optimizer, "_grad_clip", None)):
         return False
     groups = optimizer._param_groups
-    if (groups and isinstance(groups[0], dict)
-            and any(group.get("weight_decay") is not None
-                    or not _keeps_zero(group.get("grad_clip")) for group in groups)):
+    if (
+        groups
+        and isinstance(groups[0], dict)
+        and any(
+            group.get("weight_decay") is not None or not _keeps_zero(group.get("grad_clip"))
+            for group in groups
+        )
+    ):
         return False
     return all(getattr(param, "regularizer", None) is None for param in parameters_of(optimizer))
 

@@ -77,9 +77,11 @@ class AmpScaler:
         self._decr_ratio = validation.check_decr_ratio(decr_ratio)
         self._incr_every_n_steps = validation.check_period(incr_every_n_steps, "incr_every_n_steps")
         self._decr_every_n_nan_or_inf = validation.check_period(
-            decr_every_n_nan_or_inf, "decr_every_n_nan_or_inf")
+            decr_every_n_nan_or_inf, "decr_every_n_nan_or_inf"
+        )
         self._use_dynamic_loss_scaling = validation.check_bool(
-            use_dynamic_loss_scaling, "use_dynamic_loss_scaling")
+            use_dynamic_loss_scaling, "use_dynamic_loss_scaling"
+        )
 
         self._scale = paddle.to_tensor([self._init_loss_scaling], dtype="float32")
         self._incr_count = paddle.zeros([1], dtype="int32")
@@ -88,7 +90,8 @@ class AmpScaler:
         self._found_inf: Any = self._temp_found_inf_value_false
         self._cache_found_inf: Any = None
         self._optimizer_states: defaultdict[int, _OptimizerRecord] = defaultdict(
-            _fresh_optimizer_state)
+            _fresh_optimizer_state
+        )
         # Stands in for update_loss_scaling's gradient list, which may not be empty.
         self._update_scratch = paddle.zeros([1], dtype="float32")
         if self._enable:
@@ -132,8 +135,7 @@ class AmpScaler:
             return optimizer.minimize(*args, **kwargs)
         state = self._optimizer_states[id(optimizer)]
         self._prepare_step(optimizer, state)
-        result = self._step_or_skip(optimizer, state,
-                                    lambda: optimizer.minimize(*args, **kwargs))
+        result = self._step_or_skip(optimizer, state, lambda: optimizer.minimize(*args, **kwargs))
         state["state"] = OptimizerState.STEPPED
         self._finish_iteration()
         return (None, None) if result is _SKIPPED_ON_HOST else result
@@ -152,8 +154,9 @@ class AmpScaler:
         _refuse_unscale_in(state["state"])
         grads = kernels.grads_by_dtype(optimizers.parameters_of(optimizer))
         state["grads"] = grads
-        self._found_inf = kernels.unscale_and_check_(grads, self._scale,
-                                                     self._temp_found_inf_value_false)
+        self._found_inf = kernels.unscale_and_check_(
+            grads, self._scale, self._temp_found_inf_value_false
+        )
         state["state"] = OptimizerState.UNSCALED
 
     # -- internals ----------------------------------------------------------------
@@ -162,12 +165,17 @@ class AmpScaler:
         # bfloat16 has float32's exponent range: gradients do not underflow, and scaling
         # only costs time. Paddle's scaler also switches off when no auto_cast was
         # entered at all (the global dtype then reads float32); this one does not.
-        if (self._enable and self._use_dynamic_loss_scaling
-                and amp_global_state().amp_dtype == "bfloat16"):
+        if (
+            self._enable
+            and self._use_dynamic_loss_scaling
+            and amp_global_state().amp_dtype == "bfloat16"
+        ):
             warnings.warn(
                 "dynamic loss scaling is not needed under auto_cast(dtype='bfloat16'); "
                 "the scaler switches itself off (is_enable() is now False)",
-                UserWarning, stacklevel=3)
+                UserWarning,
+                stacklevel=3,
+            )
             self._enable = False
 
     def _unscale_and_record(self, optimizer: Any, state: _OptimizerRecord) -> None:
@@ -180,12 +188,14 @@ class AmpScaler:
         if state["state"] is OptimizerState.STEPPED:
             raise RuntimeError(
                 "step() has already been called for this optimizer since the last "
-                "update(); call scaler.update() once per iteration, after the last step()")
+                "update(); call scaler.update() once per iteration, after the last step()"
+            )
         if state["state"] is OptimizerState.INIT:
             self._unscale_and_record(optimizer, state)
 
-    def _step_or_skip(self, optimizer: Any, state: _OptimizerRecord,
-                      run_step: Callable[[], Any]) -> Any:
+    def _step_or_skip(
+        self, optimizer: Any, state: _OptimizerRecord, run_step: Callable[[], Any]
+    ) -> Any:
         """Run ``run_step`` so that it changes nothing when this optimizer found inf/nan."""
         found_inf = state["found_inf"]
         self._found_inf = found_inf
@@ -197,8 +207,9 @@ class AmpScaler:
         if optimizers.zero_grads_make_no_update(optimizer):
             # A replaced _unscale (fleet's) leaves no gradient list behind.
             grads = state["grads"] or kernels.grads_by_dtype(optimizers.parameters_of(optimizer))
-            kernels.zero_if_found_(grads, found_inf, self._scale, self._incr_count,
-                                   self._decr_count)
+            kernels.zero_if_found_(
+                grads, found_inf, self._scale, self._incr_count, self._decr_count
+            )
             # A flag left over from another scaler would make Paddle read it.
             optimizer._set_auxiliary_var("found_inf", None)
             self._cache_found_inf = found_inf
@@ -220,15 +231,22 @@ class AmpScaler:
     def _finish_iteration(self) -> None:
         """Update the scale from every optimizer stepped since the last update; reset."""
         if self._use_dynamic_loss_scaling:
-            verdicts = [self._as_flag(state["found_inf"])
-                        for state in self._optimizer_states.values()
-                        if state["state"] is OptimizerState.STEPPED]
+            verdicts = [
+                self._as_flag(state["found_inf"])
+                for state in self._optimizer_states.values()
+                if state["state"] is OptimizerState.STEPPED
+            ]
             kernels.update_scale_(
-                kernels.any_of(verdicts), self._scale, self._incr_count, self._decr_count,
+                kernels.any_of(verdicts),
+                self._scale,
+                self._incr_count,
+                self._decr_count,
                 self._update_scratch,
                 incr_every_n_steps=self._incr_every_n_steps,
                 decr_every_n_nan_or_inf=self._decr_every_n_nan_or_inf,
-                incr_ratio=self._incr_ratio, decr_ratio=self._decr_ratio)
+                incr_ratio=self._incr_ratio,
+                decr_ratio=self._decr_ratio,
+            )
         self._optimizer_states = defaultdict(_fresh_optimizer_state)
 
     def _as_flag(self, found_inf: Any) -> Tensor:
@@ -283,8 +301,7 @@ class AmpScaler:
 
     def set_decr_every_n_nan_or_inf(self, new_decr_every_n_nan_or_inf: int) -> None:
         """Set the back-off period; a streak already that long backs off at the next inf/nan."""
-        period = validation.check_period(new_decr_every_n_nan_or_inf,
-                                         "new_decr_every_n_nan_or_inf")
+        period = validation.check_period(new_decr_every_n_nan_or_inf, "new_decr_every_n_nan_or_inf")
         self._decr_every_n_nan_or_inf = period
         _clamp_below_(self._decr_count, period)
 
@@ -293,8 +310,9 @@ class AmpScaler:
         return int(_read_number(self._incr_count))
 
     def set_incr_count(self, new_incr_count: int) -> None:
-        count = validation.check_count(new_incr_count, "new_incr_count",
-                                       self._incr_every_n_steps, "incr_every_n_steps")
+        count = validation.check_count(
+            new_incr_count, "new_incr_count", self._incr_every_n_steps, "incr_every_n_steps"
+        )
         self._incr_count.fill_(count)
 
     def get_decr_count(self) -> int:
@@ -302,8 +320,12 @@ class AmpScaler:
         return int(_read_number(self._decr_count))
 
     def set_decr_count(self, new_decr_count: int) -> None:
-        count = validation.check_count(new_decr_count, "new_decr_count",
-                                       self._decr_every_n_nan_or_inf, "decr_every_n_nan_or_inf")
+        count = validation.check_count(
+            new_decr_count,
+            "new_decr_count",
+            self._decr_every_n_nan_or_inf,
+            "decr_every_n_nan_or_inf",
+        )
         self._decr_count.fill_(count)
 
     # -- state_dict -----------------------------------------------------------------
@@ -335,7 +357,8 @@ class AmpScaler:
             raise RuntimeError(
                 "load_state_dict() got an empty dict, which is what a disabled scaler "
                 "saves; load it into a scaler built with enable=False, or pass the "
-                "state_dict of an enabled one")
+                "state_dict of an enabled one"
+            )
         loaded = parse_state_dict(state_dict)
         self._init_loss_scaling = loaded.scale
         self._scale.fill_(loaded.scale)
@@ -372,9 +395,15 @@ class GradScaler(AmpScaler):
         decr_every_n_nan_or_inf: int = 1,
         use_dynamic_loss_scaling: bool = True,
     ) -> None:
-        super().__init__(enable, init_loss_scaling, incr_ratio, decr_ratio,
-                         incr_every_n_steps, decr_every_n_nan_or_inf,
-                         use_dynamic_loss_scaling)
+        super().__init__(
+            enable,
+            init_loss_scaling,
+            incr_ratio,
+            decr_ratio,
+            incr_every_n_steps,
+            decr_every_n_nan_or_inf,
+            use_dynamic_loss_scaling,
+        )
 
     def step(self, optimizer: Any) -> None:
         """Unscale (unless done), then ``optimizer.step()`` unless inf/nan was found."""
@@ -391,11 +420,13 @@ class GradScaler(AmpScaler):
         found inf/nan. Call it after the last ``step()`` of every iteration."""
         if not self._enable:
             return
-        if not any(state["state"] is OptimizerState.STEPPED
-                   for state in self._optimizer_states.values()):
+        if not any(
+            state["state"] is OptimizerState.STEPPED for state in self._optimizer_states.values()
+        ):
             raise RuntimeError(
                 "update() was called with no step() since the last update(); call "
-                "scaler.step(optimizer) for each optimizer first, then update() once")
+                "scaler.step(optimizer) for each optimizer first, then update() once"
+            )
         self._finish_iteration()
 
 
@@ -407,11 +438,13 @@ def _refuse_unscale_in(stage: OptimizerState) -> None:
     if stage is OptimizerState.UNSCALED:
         raise RuntimeError(
             "unscale_() has already been called on this optimizer since the last "
-            "update(); call it at most once per optimizer per iteration")
+            "update(); call it at most once per optimizer per iteration"
+        )
     if stage is OptimizerState.STEPPED:
         raise RuntimeError(
             "unscale_() was called after step() for this optimizer; call unscale_() "
-            "before step(), or call update() to start the next iteration")
+            "before step(), or call update() to start the next iteration"
+        )
 
 
 _host_decided_types: set[type] = set()
@@ -422,9 +455,12 @@ def _note_host_decision(optimizer_type: type) -> None:
     if optimizer_type in _host_decided_types:
         return
     _host_decided_types.add(optimizer_type)
-    logger.info("%s takes no found-inf flag (no _set_auxiliary_var, nor an inner Paddle "
-                "optimizer that has one): the scaler reads the flag on the host before "
-                "each step, a device sync on GPU", optimizer_type.__qualname__)
+    logger.info(
+        "%s takes no found-inf flag (no _set_auxiliary_var, nor an inner Paddle "
+        "optimizer that has one): the scaler reads the flag on the host before "
+        "each step, a device sync on GPU",
+        optimizer_type.__qualname__,
+    )
 
 
 def _clamp_below_(counter: Tensor, period: int) -> None:

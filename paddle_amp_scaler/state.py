@@ -82,10 +82,12 @@ def parse_state_dict(state_dict: Mapping[str, Any]) -> ScalerState:
         decr_ratio=checked("decr_ratio", validation.check_decr_ratio),
         incr_every_n_steps=incr_every_n_steps,
         decr_every_n_nan_or_inf=decr_every_n_nan_or_inf,
-        incr_count=checked("incr_count", validation.check_count, incr_every_n_steps,
-                           "incr_every_n_steps"),
-        decr_count=checked("decr_count", validation.check_count, decr_every_n_nan_or_inf,
-                           "decr_every_n_nan_or_inf"),
+        incr_count=checked(
+            "incr_count", validation.check_count, incr_every_n_steps, "incr_every_n_steps"
+        ),
+        decr_count=checked(
+            "decr_count", validation.check_count, decr_every_n_nan_or_inf, "decr_every_n_nan_or_inf"
+        ),
         use_dynamic_loss_scaling=checked("use_dynamic_loss_scaling", validation.check_bool),
     )
 
@@ -96,7 +98,9 @@ def _check_scale_value(value: Any, name: str) -> float:
         value = value.numpy()
     if isinstance(value, (np.ndarray, np.generic)):
         if value.size != 1 or value.dtype.kind not in "fiu":
-            raise TypeError(f"{name} must hold one number, got an array of dtype "
-                            f"{value.dtype} and shape {list(value.shape)}")
+            raise TypeError(
+                f"{name} must hold one number, got an array of dtype "
+                f"{value.dtype} and shape {list(value.shape)}"
+            )
         value = value.reshape(()).item()
     return validation.check_scale(value, name)

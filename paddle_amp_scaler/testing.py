@@ -25,16 +25,28 @@ def emulate_fp16_grads(model: paddle.nn.Layer) -> list[Any]:
     """
     if not isinstance(model, paddle.nn.Layer):
         raise TypeError(f"model must be a paddle.nn.Layer, got {type(model).__name__}")
-    return [param.register_hook(_round_through_float16) for param in model.parameters()
-            if not param.stop_gradient]
+    return [
+        param.register_hook(_round_through_float16)
+        for param in model.parameters()
+        if not param.stop_gradient
+    ]
 
 
 def _round_through_float16(grad: paddle.Tensor) -> paddle.Tensor:
     return grad.astype(paddle.float16).astype(grad.dtype)
 
 
-_READ_METHODS = ("__bool__", "__nonzero__", "numpy", "item", "tolist", "__float__",
-                 "__int__", "__index__", "__array__")
+_READ_METHODS = (
+    "__bool__",
+    "__nonzero__",
+    "numpy",
+    "item",
+    "tolist",
+    "__float__",
+    "__int__",
+    "__index__",
+    "__array__",
+)
 
 
 class HostReadCounter:
@@ -66,8 +78,13 @@ class HostReadCounter:
         def counting(tensor: paddle.Tensor, *args: Any, **kwargs: Any) -> Any:
             if counter._depth == 0:
                 caller = sys._getframe(1).f_code.co_filename
-                origin = ("scaler" if caller.startswith(_PACKAGE_DIR) else
-                          "paddle" if caller.startswith(_PADDLE_DIR) else "other")
+                origin = (
+                    "scaler"
+                    if caller.startswith(_PACKAGE_DIR)
+                    else "paddle"
+                    if caller.startswith(_PADDLE_DIR)
+                    else "other"
+                )
                 counter.reads[origin] += 1
                 counter.where.append((origin, caller, sys._getframe(1).f_lineno))
             counter._depth += 1
@@ -75,6 +92,7 @@ class HostReadCounter:
                 return original(tensor, *args, **kwargs)
             finally:
                 counter._depth -= 1
+
         return counting
 
     @contextlib.contextmanager

@@ -71,5 +71,6 @@ def check_count(value: Any, name: str, period: int, period_name: str) -> int:
     count = _integer(value, name)
     if not 0 <= count < period:
         raise ValueError(
-            f"{name} must be an int with 0 <= {name} < {period_name} ({period}), got {value!r}")
+            f"{name} must be an int with 0 <= {name} < {period_name} ({period}), got {value!r}"
+        )
     return count

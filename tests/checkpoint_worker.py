@@ -28,8 +28,12 @@ def build():
     paddle.seed(0)
     # Dropout repeats after a resume only where Paddle can save its generator's position.
     dropout = 0.1 if rng_state_survives_pickling() else 0.0
-    model = paddle.nn.Sequential(paddle.nn.Linear(64, 256), paddle.nn.ReLU(),
-                                 paddle.nn.Dropout(dropout), paddle.nn.Linear(256, 64))
+    model = paddle.nn.Sequential(
+        paddle.nn.Linear(64, 256),
+        paddle.nn.ReLU(),
+        paddle.nn.Dropout(dropout),
+        paddle.nn.Linear(256, 64),
+    )
     schedule = paddle.optimizer.lr.StepDecay(0.01, step_size=50, gamma=0.5)
     optimizer = paddle.optimizer.AdamW(learning_rate=schedule, parameters=model.parameters())
     scaler = GradScaler(init_loss_scaling=2.0**12, incr_every_n_steps=20)
@@ -38,8 +42,10 @@ def build():
 
 def batch_for(step):
     rng = np.random.default_rng(step)
-    return (paddle.to_tensor(rng.standard_normal((32, 64)).astype("float32")),
-            paddle.to_tensor(rng.standard_normal((32, 64)).astype("float32")))
+    return (
+        paddle.to_tensor(rng.standard_normal((32, 64)).astype("float32")),
+        paddle.to_tensor(rng.standard_normal((32, 64)).astype("float32")),
+    )
 
 
 def main():
@@ -67,10 +73,13 @@ def main():
         optimizer.clear_grad()
         schedule.step()
         if (step + 1) % args.every == 0:
-            save_checkpoint(checkpoint, model=model, optimizer=optimizer, scaler=scaler,
-                            step=step + 1)
-    final = np.concatenate([p.numpy().ravel() for p in model.parameters()]
-                           + [np.array([scaler.get_loss_scaling()], dtype="float32")])
+            save_checkpoint(
+                checkpoint, model=model, optimizer=optimizer, scaler=scaler, step=step + 1
+            )
+    final = np.concatenate(
+        [p.numpy().ravel() for p in model.parameters()]
+        + [np.array([scaler.get_loss_scaling()], dtype="float32")]
+    )
     # np.save, not np.savez: the zip writer would load zlib, which crashes beside Paddle 2.6.
     np.save(os.path.join(args.dir, "final.npy"), final)
 

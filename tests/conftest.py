@@ -14,6 +14,7 @@ paddle.set_device("cpu")
 def _restore_amp_dtype():
     # Paddle's auto_cast leaves its global dtype behind; keep tests independent.
     from paddle.amp.auto_cast import amp_global_state
+
     saved = amp_global_state().amp_dtype
     yield
     amp_global_state().amp_dtype = saved

@@ -18,9 +18,13 @@ def make_model(seed=0, hidden=16, depth=2):
 
 def batches(seed=0, steps=6, size=16):
     rng = np.random.default_rng(seed)
-    return [(paddle.to_tensor(rng.standard_normal((size, 8)).astype("float32")),
-             paddle.to_tensor(rng.standard_normal((size, 4)).astype("float32")))
-            for _ in range(steps)]
+    return [
+        (
+            paddle.to_tensor(rng.standard_normal((size, 8)).astype("float32")),
+            paddle.to_tensor(rng.standard_normal((size, 4)).astype("float32")),
+        )
+        for _ in range(steps)
+    ]
 
 
 def loss_of(model, batch):
@@ -40,8 +44,9 @@ def finish_step(scaler, optimizer, api="step_update", scaled=None):
     optimizer.clear_grad()
 
 
-def train_step(scaler, model, optimizer, batch, api="step_update", injector=None, inject=None,
-               loss_factor=1.0):
+def train_step(
+    scaler, model, optimizer, batch, api="step_update", injector=None, inject=None, loss_factor=1.0
+):
     """One whole training step, with ``inject`` (inf/nan) written into one gradient."""
     with injector.inject(inject) if injector is not None else contextlib.nullcontext():
         loss = loss_of(model, batch) * loss_factor
@@ -60,14 +65,15 @@ def optimizer_state_of(optimizer, params):
     Paddle names accumulators after the parameter's global unique name, which differs
     between two otherwise identical runs; the position in ``params`` does not.
     """
-    names = sorted(((p.name, f"param{i}") for i, p in enumerate(params)),
-                   key=lambda pair: -len(pair[0]))
+    names = sorted(
+        ((p.name, f"param{i}") for i, p in enumerate(params)), key=lambda pair: -len(pair[0])
+    )
     state = {}
     for key, value in optimizer.state_dict().items():
         if isinstance(value, paddle.Tensor):
             for name, position in names:
                 if key.startswith(name):
-                    key = position + key[len(name):]
+                    key = position + key[len(name) :]
                     break
             state[key] = value.numpy().copy()
     return state
@@ -104,14 +110,19 @@ def paddle_oracle(monkeypatch, **kwargs):
     from paddle.amp import grad_scaler
     from paddle.amp.auto_cast import amp_global_state
 
-    gpu_place = types.SimpleNamespace(is_gpu_place=lambda: True, is_xpu_place=lambda: False,
-                                      is_custom_place=lambda: False)
-    monkeypatch.setattr(grad_scaler, "_dygraph_tracer",
-                        lambda: types.SimpleNamespace(_expected_place=gpu_place))
+    gpu_place = types.SimpleNamespace(
+        is_gpu_place=lambda: True, is_xpu_place=lambda: False, is_custom_place=lambda: False
+    )
+    monkeypatch.setattr(
+        grad_scaler, "_dygraph_tracer", lambda: types.SimpleNamespace(_expected_place=gpu_place)
+    )
     monkeypatch.setattr(amp_global_state(), "amp_dtype", "float16")
     original_float = paddle.Tensor.__float__
-    monkeypatch.setattr(paddle.Tensor, "__float__",
-                        lambda t: original_float(t.reshape([])) if t.size == 1 else original_float(t))
+    monkeypatch.setattr(
+        paddle.Tensor,
+        "__float__",
+        lambda t: original_float(t.reshape([])) if t.size == 1 else original_float(t),
+    )
     oracle = paddle.amp.GradScaler(**kwargs)
     if not oracle.is_enable():
         raise RuntimeError("could not enable Paddle's GradScaler on CPU for the oracle")

@@ -18,10 +18,18 @@ PASSES = ["ours", "native", "copy"]
 
 
 def run_quick_benchmark(json_path):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        part for part in [REPO, os.environ.get("PYTHONPATH")] if part))
-    return subprocess.run([sys.executable, SCRIPT, "--quick", "--json", str(json_path)],
-                          capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(part for part in [REPO, os.environ.get("PYTHONPATH")] if part),
+    )
+    return subprocess.run(
+        [sys.executable, SCRIPT, "--quick", "--json", str(json_path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=300,
+    )
 
 
 def is_finite(value):
@@ -47,8 +55,9 @@ def test_quick_benchmark_reports_every_figure(tmp_path):
             # An overhead is a difference of two noisy medians: finite, of either sign.
             assert is_finite(impl["overhead_ms"]), (run["workload"], name, impl)
             reads = impl["host_reads"]
-            assert all(isinstance(reads[origin], int) and reads[origin] >= 0
-                       for origin in ORIGINS), (run["workload"], name, reads)
+            assert all(
+                isinstance(reads[origin], int) and reads[origin] >= 0 for origin in ORIGINS
+            ), (run["workload"], name, reads)
         assert all(is_finite(run["ratios"][kind]) for kind in ("step", "minimize")), run
 
     for bandwidth in results["bandwidth"]:
@@ -61,5 +70,7 @@ def test_quick_benchmark_reports_every_figure(tmp_path):
         fits = results["cost_vs_size"][optimizer_name]
         for figure in ("ms_per_mparam", "ms_per_tensor"):
             assert fits[figure], (optimizer_name, figure)
-            assert all(is_finite(fit[who]) for fit in fits[figure]
-                       for who in ("ours", "native")), (optimizer_name, figure)
+            assert all(is_finite(fit[who]) for fit in fits[figure] for who in ("ours", "native")), (
+                optimizer_name,
+                figure,
+            )

@@ -35,39 +35,65 @@ class Run:
 
     def __init__(self, seed=0, width=16):
         paddle.seed(seed)
-        self.model = paddle.nn.Sequential(paddle.nn.Linear(8, width), paddle.nn.ReLU(),
-                                          paddle.nn.Dropout(DROPOUT), paddle.nn.Linear(width, 4))
+        self.model = paddle.nn.Sequential(
+            paddle.nn.Linear(8, width),
+            paddle.nn.ReLU(),
+            paddle.nn.Dropout(DROPOUT),
+            paddle.nn.Linear(width, 4),
+        )
         self.schedule = paddle.optimizer.lr.StepDecay(0.01, step_size=3, gamma=0.5)
-        self.optimizer = paddle.optimizer.AdamW(learning_rate=self.schedule,
-                                                parameters=self.model.parameters())
-        self.scaler = GradScaler(init_loss_scaling=2.0**10, incr_every_n_steps=2,
-                                 decr_every_n_nan_or_inf=2)
+        self.optimizer = paddle.optimizer.AdamW(
+            learning_rate=self.schedule, parameters=self.model.parameters()
+        )
+        self.scaler = GradScaler(
+            init_loss_scaling=2.0**10, incr_every_n_steps=2, decr_every_n_nan_or_inf=2
+        )
         self.injector = GradInjector(self.model[0].weight)
 
     def train(self, steps, overflow_steps):
         data = batches(seed=1, steps=max(steps) + 1)
         for step in steps:
-            train_step(self.scaler, self.model, self.optimizer, data[step],
-                       injector=self.injector, inject=math.inf if step in overflow_steps else None)
+            train_step(
+                self.scaler,
+                self.model,
+                self.optimizer,
+                data[step],
+                injector=self.injector,
+                inject=math.inf if step in overflow_steps else None,
+            )
             self.schedule.step()
 
     def save(self, path, step, extra=None):
         if not rng_state_survives_pickling():
             with pytest.warns(UserWarning, match="random generator"):
-                save_checkpoint(path, model=self.model, optimizer=self.optimizer,
-                                scaler=self.scaler, step=step, extra=extra)
+                save_checkpoint(
+                    path,
+                    model=self.model,
+                    optimizer=self.optimizer,
+                    scaler=self.scaler,
+                    step=step,
+                    extra=extra,
+                )
             return
-        save_checkpoint(path, model=self.model, optimizer=self.optimizer, scaler=self.scaler,
-                        step=step, extra=extra)
+        save_checkpoint(
+            path,
+            model=self.model,
+            optimizer=self.optimizer,
+            scaler=self.scaler,
+            step=step,
+            extra=extra,
+        )
 
     def load(self, path):
-        return load_checkpoint(path, model=self.model, optimizer=self.optimizer,
-                               scaler=self.scaler)
+        return load_checkpoint(path, model=self.model, optimizer=self.optimizer, scaler=self.scaler)
 
     def observable(self):
-        return (params_of(self.model),
-                optimizer_state_of(self.optimizer, self.model.parameters()),
-                self.scaler.state_dict(), self.schedule.state_dict())
+        return (
+            params_of(self.model),
+            optimizer_state_of(self.optimizer, self.model.parameters()),
+            self.scaler.state_dict(),
+            self.schedule.state_dict(),
+        )
 
 
 def assert_same(a, b):
@@ -83,8 +109,11 @@ def assert_same(a, b):
     assert sched_a == sched_b
 
 
-@pytest.mark.parametrize("overflow_steps", [set(), {2}, {7}, {2, 3, 7}, {4, 5}],
-                         ids=["none", "before", "after", "both", "at-the-cut"])
+@pytest.mark.parametrize(
+    "overflow_steps",
+    [set(), {2}, {7}, {2, 3, 7}, {4, 5}],
+    ids=["none", "before", "after", "both", "at-the-cut"],
+)
 def test_resume_is_bit_exact(tmp_path, overflow_steps):
     total, cut = 10, 5
     straight = Run()
@@ -107,8 +136,10 @@ def test_several_models_and_optimizers(tmp_path):
     def build(seed):
         paddle.seed(seed)
         models = [make_model(seed=seed), make_model(seed=seed + 1)]
-        opts = [paddle.optimizer.Adam(learning_rate=0.01, parameters=models[0].parameters()),
-                paddle.optimizer.Momentum(learning_rate=0.1, parameters=models[1].parameters())]
+        opts = [
+            paddle.optimizer.Adam(learning_rate=0.01, parameters=models[0].parameters()),
+            paddle.optimizer.Momentum(learning_rate=0.1, parameters=models[1].parameters()),
+        ]
         return models, opts, GradScaler(init_loss_scaling=64.0)
 
     def train(models, opts, scaler, data):
@@ -128,8 +159,10 @@ def test_several_models_and_optimizers(tmp_path):
     train(*first, data[:3])
     save_checkpoint(tmp_path / "c", model=first[0], optimizer=first[1], scaler=first[2], step=3)
     resumed = build(50)
-    assert load_checkpoint(tmp_path / "c", model=resumed[0], optimizer=resumed[1],
-                           scaler=resumed[2]) == 3
+    assert (
+        load_checkpoint(tmp_path / "c", model=resumed[0], optimizer=resumed[1], scaler=resumed[2])
+        == 3
+    )
     train(*resumed, data[3:])
     for ours, theirs in zip(resumed[0], straight[0]):
         for a, b in zip(params_of(ours), params_of(theirs)):
@@ -165,6 +198,7 @@ def test_extra_and_step_come_back(tmp_path):
 
 
 # -- a load that fails changes nothing ------------------------------------------------------
+
 
 def trained_run_and_checkpoint(tmp_path):
     source = Run()
@@ -231,8 +265,12 @@ def test_wrong_number_of_optimizers(tmp_path):
     path, target = trained_run_and_checkpoint(tmp_path)
     before = target.observable()
     with pytest.raises(CheckpointError, match="2 optimizers given"):
-        load_checkpoint(path, model=target.model, optimizer=[target.optimizer, target.optimizer],
-                        scaler=target.scaler)
+        load_checkpoint(
+            path,
+            model=target.model,
+            optimizer=[target.optimizer, target.optimizer],
+            scaler=target.scaler,
+        )
     assert_same(target.observable(), before)
 
 
@@ -247,11 +285,13 @@ def test_disabled_scaler_checkpoint_into_enabled_scaler(tmp_path):
 def test_bad_step_argument(tmp_path):
     run = Run()
     with pytest.raises(ValueError, match="step"):
-        save_checkpoint(tmp_path / "c", model=run.model, optimizer=run.optimizer,
-                        scaler=run.scaler, step=-1)
+        save_checkpoint(
+            tmp_path / "c", model=run.model, optimizer=run.optimizer, scaler=run.scaler, step=-1
+        )
 
 
 # -- atomic saves ------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("failing", ["fsync", "replace"])
 def test_a_save_that_dies_leaves_the_old_checkpoint(tmp_path, monkeypatch, failing):
@@ -263,6 +303,7 @@ def test_a_save_that_dies_leaves_the_old_checkpoint(tmp_path, monkeypatch, faili
 
     def crash(*args):
         raise OSError("simulated crash")
+
     monkeypatch.setattr(os, failing, crash)
     with pytest.raises(OSError, match="simulated crash"):
         run.save(path, step=2)
@@ -274,21 +315,40 @@ def test_a_save_that_dies_leaves_the_old_checkpoint(tmp_path, monkeypatch, faili
 
 def kill_and_resume(tmp_path, kills, steps):
     """Runs the worker to the end once straight, and once killed ``kills`` times."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(HERE),
-                                                      os.environ.get("PYTHONPATH", "")]))
-    worker = [sys.executable, os.path.join(HERE, "checkpoint_worker.py"),
-              "--steps", str(steps), "--every", "4"]
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")]),
+    )
+    worker = [
+        sys.executable,
+        os.path.join(HERE, "checkpoint_worker.py"),
+        "--steps",
+        str(steps),
+        "--every",
+        "4",
+    ]
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     straight.mkdir()
     killed.mkdir()
-    subprocess.run(worker + ["--dir", str(straight)], env=env, check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=300)
+    subprocess.run(
+        worker + ["--dir", str(straight)],
+        env=env,
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        timeout=300,
+    )
 
     rng = random.Random(1234)
     done_kills, resumed_from = 0, []
     for _ in range(kills):
-        process = subprocess.Popen(worker + ["--dir", str(killed)], env=env,
-                                   stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        process = subprocess.Popen(
+            worker + ["--dir", str(killed)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
         line = process.stdout.readline()
         resumed_from.append(int(line.split()[-1]))
         time.sleep(rng.uniform(0.0, 0.6))
@@ -297,8 +357,14 @@ def kill_and_resume(tmp_path, kills, steps):
             done_kills += 1
         process.wait(timeout=60)
         process.stdout.close()
-    subprocess.run(worker + ["--dir", str(killed)], env=env, check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=300)
+    subprocess.run(
+        worker + ["--dir", str(killed)],
+        env=env,
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        timeout=300,
+    )
 
     assert done_kills >= 1
     # The run made progress between kills, and was really resumed from checkpoints.

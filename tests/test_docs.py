@@ -10,8 +10,9 @@ from paddle_amp_scaler import GradScaler
 
 from helpers import GradInjector, batches, make_model, train_step
 
-CONCEPTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                        "docs", "concepts.md")
+CONCEPTS = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "concepts.md"
+)
 ROW = re.compile(r"^\| (\d+) \| (finite|inf|nan) \| (\d+) \| (\d+) \| (\d+) \| (yes|skipped)")
 
 
@@ -27,6 +28,9 @@ def test_worked_trace_in_concepts_matches_the_scaler():
     for (step, gradients, incr, decr, scale, taken), batch in zip(rows, data):
         inject = {"finite": None, "inf": math.inf, "nan": math.nan}[gradients]
         train_step(scaler, model, optimizer, batch, injector=injector, inject=inject)
-        assert (scaler.get_incr_count(), scaler.get_decr_count(), scaler.get_loss_scaling(),
-                bool(scaler._cache_found_inf)) == (int(incr), int(decr), float(scale),
-                                                   taken == "skipped"), f"row {step}"
+        assert (
+            scaler.get_incr_count(),
+            scaler.get_decr_count(),
+            scaler.get_loss_scaling(),
+            bool(scaler._cache_found_inf),
+        ) == (int(incr), int(decr), float(scale), taken == "skipped"), f"row {step}"

@@ -89,6 +89,7 @@ def test_a_replaced_unscale_is_still_refused_twice():
 def single_rank_hcg(monkeypatch):
     # MixPrecisionScaler asks fleet for the hybrid group; one process has none.
     from paddle.distributed import fleet
+
     monkeypatch.setattr(fleet, "get_hybrid_communicate_group", lambda: None)
 
 
@@ -98,11 +99,13 @@ def master_grad_run(scaler_wrapper, inject_on_steps, steps=4):
         MixPrecisionLayer,
         MixPrecisionOptimizer,
     )
+
     model = make_model()
     # The dtype is only checked: the layers stay float32, which the CPU can run.
     wrapped = MixPrecisionLayer(model, dtype="float16")
     optimizer = MixPrecisionOptimizer(
-        paddle.optimizer.AdamW(learning_rate=0.01, parameters=wrapped.parameters()))
+        paddle.optimizer.AdamW(learning_rate=0.01, parameters=wrapped.parameters())
+    )
     scaler = scaler_wrapper(GradScaler(init_loss_scaling=2.0**10))
     history = []
     for step, batch in enumerate(batches(steps=steps)):
@@ -125,6 +128,7 @@ def master_grad_run(scaler_wrapper, inject_on_steps, steps=4):
 @pytest.mark.parametrize("wrapper", ["plain", "MixPrecisionScaler"])
 def test_main_grad_is_unscaled_and_checked(single_rank_hcg, wrapper):
     from paddle.distributed.fleet.utils.mix_precision_utils import MixPrecisionScaler
+
     wrap = (lambda s: s) if wrapper == "plain" else MixPrecisionScaler
     history = master_grad_run(wrap, inject_on_steps={1})
     for step, (before, after, scale) in enumerate(history):
@@ -172,6 +176,7 @@ def test_paddles_own_scaler_misses_main_grad_overflow(single_rank_hcg, monkeypat
     # The contrast that makes the test above meaningful: Paddle's scaler checks only
     # .grad, which master-grad mode leaves empty, so the overflow reaches the weights.
     from helpers import paddle_oracle
+
     oracle = paddle_oracle(monkeypatch, init_loss_scaling=2.0**10)
     history = master_grad_run(lambda _: oracle, inject_on_steps={1}, steps=2)
     _, after_overflow, _ = history[1]

@@ -12,26 +12,39 @@ from paddle_amp_scaler import AmpScaler, GradScaler
 from helpers import batches, loss_of, make_model
 
 BAD_ARGUMENTS = [
-    ("enable", 1, TypeError), ("enable", "yes", TypeError),
-    ("init_loss_scaling", 0.0, ValueError), ("init_loss_scaling", -1.0, ValueError),
-    ("init_loss_scaling", math.inf, ValueError), ("init_loss_scaling", math.nan, ValueError),
-    ("init_loss_scaling", 1e39, ValueError), ("init_loss_scaling", "big", TypeError),
+    ("enable", 1, TypeError),
+    ("enable", "yes", TypeError),
+    ("init_loss_scaling", 0.0, ValueError),
+    ("init_loss_scaling", -1.0, ValueError),
+    ("init_loss_scaling", math.inf, ValueError),
+    ("init_loss_scaling", math.nan, ValueError),
+    ("init_loss_scaling", 1e39, ValueError),
+    ("init_loss_scaling", "big", TypeError),
     ("init_loss_scaling", None, TypeError),
-    ("incr_ratio", 1.0, ValueError), ("incr_ratio", 0.5, ValueError),
-    ("incr_ratio", math.inf, ValueError), ("incr_ratio", None, TypeError),
-    ("decr_ratio", 1.0, ValueError), ("decr_ratio", 0.0, ValueError),
-    ("decr_ratio", 1.5, ValueError), ("decr_ratio", math.nan, ValueError),
-    ("incr_every_n_steps", 0, ValueError), ("incr_every_n_steps", 1.5, TypeError),
-    ("incr_every_n_steps", True, TypeError), ("incr_every_n_steps", 2**31, ValueError),
-    ("decr_every_n_nan_or_inf", 0, ValueError), ("decr_every_n_nan_or_inf", "2", TypeError),
-    ("use_dynamic_loss_scaling", "no", TypeError), ("use_dynamic_loss_scaling", 0, TypeError),
+    ("incr_ratio", 1.0, ValueError),
+    ("incr_ratio", 0.5, ValueError),
+    ("incr_ratio", math.inf, ValueError),
+    ("incr_ratio", None, TypeError),
+    ("decr_ratio", 1.0, ValueError),
+    ("decr_ratio", 0.0, ValueError),
+    ("decr_ratio", 1.5, ValueError),
+    ("decr_ratio", math.nan, ValueError),
+    ("incr_every_n_steps", 0, ValueError),
+    ("incr_every_n_steps", 1.5, TypeError),
+    ("incr_every_n_steps", True, TypeError),
+    ("incr_every_n_steps", 2**31, ValueError),
+    ("decr_every_n_nan_or_inf", 0, ValueError),
+    ("decr_every_n_nan_or_inf", "2", TypeError),
+    ("use_dynamic_loss_scaling", "no", TypeError),
+    ("use_dynamic_loss_scaling", 0, TypeError),
 ]
 
 
 @pytest.mark.parametrize("enable", [True, False])
 @pytest.mark.parametrize("cls", [AmpScaler, GradScaler])
-@pytest.mark.parametrize("name,value,error", BAD_ARGUMENTS,
-                         ids=[f"{n}={v!r}" for n, v, _ in BAD_ARGUMENTS])
+@pytest.mark.parametrize(
+    "name,value,error", BAD_ARGUMENTS, ids=[f"{n}={v!r}" for n, v, _ in BAD_ARGUMENTS]
+)
 def test_bad_constructor_argument(cls, enable, name, value, error):
     kwargs = {"enable": enable, name: value}
     with pytest.raises(error, match=name) as raised:
@@ -40,22 +53,26 @@ def test_bad_constructor_argument(cls, enable, name, value, error):
 
 
 SETTERS = [
-    ("set_init_loss_scaling", 0.0, ValueError), ("set_init_loss_scaling", "x", TypeError),
-    ("set_incr_ratio", 1.0, ValueError), ("set_decr_ratio", 1.0, ValueError),
-    ("set_incr_every_n_steps", 0, ValueError), ("set_incr_every_n_steps", 2.0, TypeError),
+    ("set_init_loss_scaling", 0.0, ValueError),
+    ("set_init_loss_scaling", "x", TypeError),
+    ("set_incr_ratio", 1.0, ValueError),
+    ("set_decr_ratio", 1.0, ValueError),
+    ("set_incr_every_n_steps", 0, ValueError),
+    ("set_incr_every_n_steps", 2.0, TypeError),
     ("set_decr_every_n_nan_or_inf", -3, ValueError),
-    ("set_incr_count", -1, ValueError), ("set_incr_count", 1.0, TypeError),
+    ("set_incr_count", -1, ValueError),
+    ("set_incr_count", 1.0, TypeError),
     ("set_incr_count", 2000, ValueError),
-    ("set_decr_count", -1, ValueError), ("set_decr_count", 1, ValueError),
+    ("set_decr_count", -1, ValueError),
+    ("set_decr_count", 1, ValueError),
 ]
 
 
-@pytest.mark.parametrize("setter,value,error", SETTERS,
-                         ids=[f"{s}({v!r})" for s, v, _ in SETTERS])
+@pytest.mark.parametrize("setter,value,error", SETTERS, ids=[f"{s}({v!r})" for s, v, _ in SETTERS])
 def test_bad_setter_argument_changes_nothing(setter, value, error):
     scaler = GradScaler()
     before = scaler.state_dict()
-    argument = "new_" + setter[len("set_"):]
+    argument = "new_" + setter[len("set_") :]
     with pytest.raises(error, match=argument):
         getattr(scaler, setter)(value)
     after = scaler.state_dict()
@@ -72,10 +89,16 @@ def test_setters_and_getters_round_trip():
     scaler.set_decr_every_n_nan_or_inf(4)
     scaler.set_incr_count(9)
     scaler.set_decr_count(3)
-    assert (scaler.get_init_loss_scaling(), scaler.get_loss_scaling(), scaler.get_incr_ratio(),
-            scaler.get_decr_ratio(), scaler.get_incr_every_n_steps(),
-            scaler.get_decr_every_n_nan_or_inf(), scaler.get_incr_count(),
-            scaler.get_decr_count()) == (512.0, 512.0, 3.0, 0.25, 10, 4, 9, 3)
+    assert (
+        scaler.get_init_loss_scaling(),
+        scaler.get_loss_scaling(),
+        scaler.get_incr_ratio(),
+        scaler.get_decr_ratio(),
+        scaler.get_incr_every_n_steps(),
+        scaler.get_decr_every_n_nan_or_inf(),
+        scaler.get_incr_count(),
+        scaler.get_decr_count(),
+    ) == (512.0, 512.0, 3.0, 0.25, 10, 4, 9, 3)
 
 
 def test_scale_rejects_a_non_tensor():

@@ -10,17 +10,30 @@ import numpy as np
 import pytest
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
-PATTERNS = ["clip_after_unscale", "grad_accumulation", "grad_penalty", "two_models",
-            "o2_master_weights", "quickstart"]
+PATTERNS = [
+    "clip_after_unscale",
+    "grad_accumulation",
+    "grad_penalty",
+    "two_models",
+    "o2_master_weights",
+    "quickstart",
+]
 
 pytest.importorskip("sklearn")
 
 
 def run_example(name, *args):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [os.path.dirname(EXAMPLES), os.environ.get("PYTHONPATH", "")]))
-    return subprocess.run([sys.executable, os.path.join(EXAMPLES, f"{name}.py"), *args],
-                          capture_output=True, text=True, env=env, timeout=300)
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([os.path.dirname(EXAMPLES), os.environ.get("PYTHONPATH", "")]),
+    )
+    return subprocess.run(
+        [sys.executable, os.path.join(EXAMPLES, f"{name}.py"), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
 
 
 @pytest.mark.parametrize("name", PATTERNS)
@@ -38,8 +51,9 @@ def test_pattern_example_rejects_bad_steps(name):
 
 @pytest.fixture(scope="module")
 def digits():
-    spec = importlib.util.spec_from_file_location("train_digits",
-                                                  os.path.join(EXAMPLES, "train_digits.py"))
+    spec = importlib.util.spec_from_file_location(
+        "train_digits", os.path.join(EXAMPLES, "train_digits.py")
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -57,6 +71,7 @@ def test_default_run_reaches_95_percent_and_draws_the_figure(digits, tmp_path, c
 
 def test_resumed_run_ends_with_the_uninterrupted_parameters(digits, tmp_path):
     from paddle_amp_scaler import read_checkpoint
+
     common = ["--no-progress", "--plot", "", "--epochs", "3", "--ckpt-every", "10"]
     digits.main(common + ["--ckpt-dir", str(tmp_path / "straight")])
     assert digits.main(common + ["--ckpt-dir", str(tmp_path / "cut"), "--stop-after", "35"]) is None
@@ -73,19 +88,35 @@ def test_resumed_run_ends_with_the_uninterrupted_parameters(digits, tmp_path):
 def test_help_documents_every_flag():
     result = run_example("train_digits", "--help")
     assert result.returncode == 0
-    for flag in ("--epochs", "--batch-size", "--lr", "--init-scale", "--incr-every", "--device",
-                 "--emulate-fp16", "--ckpt-dir", "--ckpt-every", "--resume", "--stop-after",
-                 "--plot", "--seed", "--no-progress"):
+    for flag in (
+        "--epochs",
+        "--batch-size",
+        "--lr",
+        "--init-scale",
+        "--incr-every",
+        "--device",
+        "--emulate-fp16",
+        "--ckpt-dir",
+        "--ckpt-every",
+        "--resume",
+        "--stop-after",
+        "--plot",
+        "--seed",
+        "--no-progress",
+    ):
         assert flag in result.stdout
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--epochs", "0"], "--epochs must be at least 1"),
-    (["--lr", "-1"], "--lr must be positive"),
-    (["--resume"], "--resume and --stop-after need --ckpt-dir"),
-    (["--device", "tpu"], "invalid choice"),
-    (["--bogus"], "unrecognized arguments"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--epochs", "0"], "--epochs must be at least 1"),
+        (["--lr", "-1"], "--lr must be positive"),
+        (["--resume"], "--resume and --stop-after need --ckpt-dir"),
+        (["--device", "tpu"], "invalid choice"),
+        (["--bogus"], "unrecognized arguments"),
+    ],
+)
 def test_bad_flags_give_a_clear_error(args, message):
     result = run_example("train_digits", *args)
     assert result.returncode == 2 and message in result.stderr

@@ -14,8 +14,7 @@ from helpers import batches, loss_of, make_model, params_of
 
 @pytest.mark.parametrize("cls", [AmpScaler, GradScaler])
 def test_disabled_scaler_is_transparent(cls):
-    scaler = cls(enable=False, init_loss_scaling=1024.0, incr_ratio=3.0,
-                 incr_every_n_steps=7)
+    scaler = cls(enable=False, init_loss_scaling=1024.0, incr_ratio=3.0, incr_every_n_steps=7)
     model, reference = make_model(), make_model()
     opt = paddle.optimizer.Adam(parameters=model.parameters())
     ref_opt = paddle.optimizer.Adam(parameters=reference.parameters())
@@ -80,8 +79,10 @@ def test_float16_autocast_keeps_the_scaler_on():
 
 
 @pytest.mark.parametrize("shape", [[], [1], [3], [2, 3]])
-@pytest.mark.parametrize("dtype,expected", [("float32", "float32"), ("float64", "float64"),
-                                            ("float16", "float32"), ("int32", "float32")])
+@pytest.mark.parametrize(
+    "dtype,expected",
+    [("float32", "float32"), ("float64", "float64"), ("float16", "float32"), ("int32", "float32")],
+)
 def test_scale_keeps_shape_and_promotes_dtype(shape, dtype, expected):
     scaler = GradScaler(init_loss_scaling=8.0)
     var = paddle.full(shape, 3, dtype=dtype)
@@ -106,12 +107,14 @@ def test_setting_the_initial_scale_resets_the_current_scale():
 
 def test_defaults_match_paddle():
     import inspect
+
     for ours, theirs in ((AmpScaler, paddle.amp.AmpScaler), (GradScaler, paddle.amp.GradScaler)):
         ours_params = inspect.signature(ours.__init__).parameters
         their_params = inspect.signature(theirs.__init__).parameters
         assert list(ours_params) == list(their_params)
-        assert [p.default for p in ours_params.values()] == \
-            [p.default for p in their_params.values()]
+        assert [p.default for p in ours_params.values()] == [
+            p.default for p in their_params.values()
+        ]
 
 
 def test_same_public_methods_as_paddle():

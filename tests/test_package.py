@@ -25,12 +25,15 @@ def test_autocast_helpers_are_paddles():
 
 
 def test_import_without_paddle_says_how_to_install():
-    code = ("import sys; sys.modules['paddle'] = None\n"
-            "try:\n    import paddle_amp_scaler\n"
-            "except ImportError as e:\n    print(e)\n")
+    code = (
+        "import sys; sys.modules['paddle'] = None\n"
+        "try:\n    import paddle_amp_scaler\n"
+        "except ImportError as e:\n    print(e)\n"
+    )
     root = os.path.dirname(os.path.dirname(paddle_amp_scaler.__file__))
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         cwd=root, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=root, check=True
+    ).stdout
     assert "pip install 'paddle-amp-scaler[cpu]'" in out
 
 

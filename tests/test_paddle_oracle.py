@@ -46,21 +46,47 @@ def run_side_by_side(monkeypatch, schedule, optimizer_name, api, **config):
     return ours, theirs
 
 
-SCHEDULE = ["finite", "finite", "inf", "finite", "finite", "finite", "nan", "nan",
-            "finite", "finite", "finite", "finite", "inf"]
+SCHEDULE = [
+    "finite",
+    "finite",
+    "inf",
+    "finite",
+    "finite",
+    "finite",
+    "nan",
+    "nan",
+    "finite",
+    "finite",
+    "finite",
+    "finite",
+    "inf",
+]
 
 
 @pytest.mark.parametrize("api", ["step_update", "minimize"])
 @pytest.mark.parametrize("name", ["sgd", "momentum", "adamw"])
 def test_agrees_with_paddle_step_by_step(monkeypatch, name, api):
-    run_side_by_side(monkeypatch, SCHEDULE, name, api, init_loss_scaling=2.0**10,
-                     incr_every_n_steps=3, decr_every_n_nan_or_inf=2)
+    run_side_by_side(
+        monkeypatch,
+        SCHEDULE,
+        name,
+        api,
+        init_loss_scaling=2.0**10,
+        incr_every_n_steps=3,
+        decr_every_n_nan_or_inf=2,
+    )
 
 
 def test_state_dicts_agree_after_the_run(monkeypatch):
-    ours, theirs = run_side_by_side(monkeypatch, SCHEDULE, "adam", "step_update",
-                                    init_loss_scaling=2.0**10, incr_every_n_steps=3,
-                                    decr_every_n_nan_or_inf=2)
+    ours, theirs = run_side_by_side(
+        monkeypatch,
+        SCHEDULE,
+        "adam",
+        "step_update",
+        init_loss_scaling=2.0**10,
+        incr_every_n_steps=3,
+        decr_every_n_nan_or_inf=2,
+    )
     our_state, their_state = ours.state_dict(), theirs.state_dict()
     assert our_state.keys() == their_state.keys()
     for key in our_state:
@@ -70,20 +96,31 @@ def test_state_dicts_agree_after_the_run(monkeypatch):
 
 def agrees_on(monkeypatch, schedule, incr_every_n_steps, decr_every_n_nan_or_inf):
     # Paddle's scaler has no floor at 1.0: start high enough never to reach it.
-    run_side_by_side(monkeypatch, schedule, "momentum", "step_update",
-                     init_loss_scaling=2.0**30, incr_every_n_steps=incr_every_n_steps,
-                     decr_every_n_nan_or_inf=decr_every_n_nan_or_inf)
+    run_side_by_side(
+        monkeypatch,
+        schedule,
+        "momentum",
+        "step_update",
+        init_loss_scaling=2.0**30,
+        incr_every_n_steps=incr_every_n_steps,
+        decr_every_n_nan_or_inf=decr_every_n_nan_or_inf,
+    )
 
 
 def random_schedules(max_steps):
-    return given(schedule=st.lists(st.sampled_from(sorted(INJECTED)), min_size=1,
-                                   max_size=max_steps),
-                 incr_every_n_steps=st.integers(1, 3), decr_every_n_nan_or_inf=st.integers(1, 3))
+    return given(
+        schedule=st.lists(st.sampled_from(sorted(INJECTED)), min_size=1, max_size=max_steps),
+        incr_every_n_steps=st.integers(1, 3),
+        decr_every_n_nan_or_inf=st.integers(1, 3),
+    )
 
 
-_QUIET = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow,
-                                                    HealthCheck.function_scoped_fixture])
+_QUIET = dict(
+    deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
 test_random_schedules_agree_with_paddle = settings(max_examples=8, **_QUIET)(
-    random_schedules(12)(agrees_on))
-test_random_schedules_agree_with_paddle_long = pytest.mark.long(settings(max_examples=150, **_QUIET)(
-    random_schedules(28)(agrees_on)))
+    random_schedules(12)(agrees_on)
+)
+test_random_schedules_agree_with_paddle_long = pytest.mark.long(
+    settings(max_examples=150, **_QUIET)(random_schedules(28)(agrees_on))
+)

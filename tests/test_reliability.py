@@ -16,12 +16,20 @@ from paddle_amp_scaler import GradScaler
 from helpers import GradInjector, batches, make_model, params_of, train_step
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)
-VALID = {"scale": np.array([512.0], dtype=np.float32), "incr_ratio": 2.0, "decr_ratio": 0.5,
-         "incr_every_n_steps": 10, "decr_every_n_nan_or_inf": 3, "incr_count": 4,
-         "decr_count": 1, "use_dynamic_loss_scaling": True}
+VALID = {
+    "scale": np.array([512.0], dtype=np.float32),
+    "incr_ratio": 2.0,
+    "decr_ratio": 0.5,
+    "incr_every_n_steps": 10,
+    "decr_every_n_nan_or_inf": 3,
+    "incr_count": 4,
+    "decr_count": 1,
+    "use_dynamic_loss_scaling": True,
+}
 
 
 # -- an independent statement of what a valid state dict is --------------------------------
+
 
 def _is_number(v):
     return isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_))
@@ -42,32 +50,51 @@ def expected_valid(state):
         return False
     scale = _scale_value(state["scale"])
     incr, decr = state["incr_every_n_steps"], state["decr_every_n_nan_or_inf"]
-    return (scale is not None and 0 < scale <= FLOAT32_MAX
-            and _is_number(state["incr_ratio"]) and 1 < state["incr_ratio"] < math.inf
-            and _is_number(state["decr_ratio"]) and 0 < state["decr_ratio"] < 1
-            and _is_int(incr) and 1 <= incr < 2**31 and _is_int(decr) and 1 <= decr < 2**31
-            and _is_int(state["incr_count"]) and 0 <= state["incr_count"] < incr
-            and _is_int(state["decr_count"]) and 0 <= state["decr_count"] < decr
-            and isinstance(state["use_dynamic_loss_scaling"], (bool, np.bool_)))
+    return (
+        scale is not None
+        and 0 < scale <= FLOAT32_MAX
+        and _is_number(state["incr_ratio"])
+        and 1 < state["incr_ratio"] < math.inf
+        and _is_number(state["decr_ratio"])
+        and 0 < state["decr_ratio"] < 1
+        and _is_int(incr)
+        and 1 <= incr < 2**31
+        and _is_int(decr)
+        and 1 <= decr < 2**31
+        and _is_int(state["incr_count"])
+        and 0 <= state["incr_count"] < incr
+        and _is_int(state["decr_count"])
+        and 0 <= state["decr_count"] < decr
+        and isinstance(state["use_dynamic_loss_scaling"], (bool, np.bool_))
+    )
 
 
 garbage = st.one_of(
-    st.none(), st.booleans(), st.integers(-3, 12), st.integers(-2**40, 2**40),
-    st.floats(allow_nan=True, allow_infinity=True), st.floats(0.0, 2.0), st.text(max_size=3),
+    st.none(),
+    st.booleans(),
+    st.integers(-3, 12),
+    st.integers(-(2**40), 2**40),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.floats(0.0, 2.0),
+    st.text(max_size=3),
     st.lists(st.floats(0, 10), max_size=2),
     st.builds(np.array, st.lists(st.floats(-1e40, 1e40), min_size=0, max_size=2)),
-    st.builds(np.float32, st.floats(-1e3, 1e3, width=32)), st.builds(np.int64, st.integers(-2, 12)),
+    st.builds(np.float32, st.floats(-1e3, 1e3, width=32)),
+    st.builds(np.int64, st.integers(-2, 12)),
 )
 
 
 def random_state_dicts():
     return st.builds(
         lambda replaced, dropped, unknown: {
-            **{k: v for k, v in {**VALID, **replaced}.items() if k not in dropped}, **unknown},
+            **{k: v for k, v in {**VALID, **replaced}.items() if k not in dropped},
+            **unknown,
+        },
         st.dictionaries(st.sampled_from(sorted(VALID)), garbage, max_size=3),
         st.sets(st.sampled_from(sorted(VALID)), max_size=1),
-        st.dictionaries(st.text(min_size=1, max_size=5).filter(lambda k: k not in VALID),
-                        garbage, max_size=2),
+        st.dictionaries(
+            st.text(min_size=1, max_size=5).filter(lambda k: k not in VALID), garbage, max_size=2
+        ),
     )
 
 
@@ -94,9 +121,13 @@ def load_random_state_dict(state):
 
 _RANDOM_DICTS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 test_random_state_dicts = settings(max_examples=200, **_RANDOM_DICTS)(
-    given(random_state_dicts())(load_random_state_dict))
-test_random_state_dicts_long = pytest.mark.long(settings(max_examples=5000, **_RANDOM_DICTS)(
-    given(random_state_dicts())(load_random_state_dict)))
+    given(random_state_dicts())(load_random_state_dict)
+)
+test_random_state_dicts_long = pytest.mark.long(
+    settings(max_examples=5000, **_RANDOM_DICTS)(
+        given(random_state_dicts())(load_random_state_dict)
+    )
+)
 
 
 def test_the_validity_statement_accepts_the_valid_dict():
@@ -106,6 +137,7 @@ def test_the_validity_statement_accepts_the_valid_dict():
 
 
 # -- overflow storm and soak ---------------------------------------------------------------
+
 
 def resident_bytes():
     with open("/proc/self/statm") as statm:
@@ -129,8 +161,14 @@ def overflow_storm(steps):
         train_step(scaler, model, optimizer, batch, injector=injector, inject=math.nan)
     memory, tensors = resident_bytes(), live_tensors()
     for step in range(steps):
-        train_step(scaler, model, optimizer, batch, injector=injector,
-                   inject=math.inf if step % 2 else math.nan)
+        train_step(
+            scaler,
+            model,
+            optimizer,
+            batch,
+            injector=injector,
+            inject=math.inf if step % 2 else math.nan,
+        )
     assert scaler.get_loss_scaling() == 1.0
     assert scaler.get_incr_count() == 0 and scaler.get_decr_count() == 0
     for old, new in zip(before, params_of(model)):

@@ -13,15 +13,27 @@ from helpers import paddle_oracle
 
 
 def observable(scaler):
-    return (scaler.get_loss_scaling(), scaler.get_init_loss_scaling(), scaler.get_incr_ratio(),
-            scaler.get_decr_ratio(), scaler.get_incr_every_n_steps(),
-            scaler.get_decr_every_n_nan_or_inf(), scaler.get_incr_count(),
-            scaler.get_decr_count(), scaler.is_use_dynamic_loss_scaling())
+    return (
+        scaler.get_loss_scaling(),
+        scaler.get_init_loss_scaling(),
+        scaler.get_incr_ratio(),
+        scaler.get_decr_ratio(),
+        scaler.get_incr_every_n_steps(),
+        scaler.get_decr_every_n_nan_or_inf(),
+        scaler.get_incr_count(),
+        scaler.get_decr_count(),
+        scaler.is_use_dynamic_loss_scaling(),
+    )
 
 
 def busy_scaler():
-    scaler = GradScaler(init_loss_scaling=1000.0, incr_ratio=3.0, decr_ratio=0.25,
-                        incr_every_n_steps=7, decr_every_n_nan_or_inf=3)
+    scaler = GradScaler(
+        init_loss_scaling=1000.0,
+        incr_ratio=3.0,
+        decr_ratio=0.25,
+        incr_every_n_steps=7,
+        decr_every_n_nan_or_inf=3,
+    )
     scaler.set_incr_count(5)
     scaler._scale.fill_(1234.5)
     return scaler
@@ -29,9 +41,16 @@ def busy_scaler():
 
 def test_format_matches_api_md():
     state = busy_scaler().state_dict()
-    assert set(state) == {"scale", "incr_ratio", "decr_ratio", "incr_every_n_steps",
-                          "decr_every_n_nan_or_inf", "incr_count", "decr_count",
-                          "use_dynamic_loss_scaling"}
+    assert set(state) == {
+        "scale",
+        "incr_ratio",
+        "decr_ratio",
+        "incr_every_n_steps",
+        "decr_every_n_nan_or_inf",
+        "incr_count",
+        "decr_count",
+        "use_dynamic_loss_scaling",
+    }
     assert isinstance(state["scale"], np.ndarray)
     assert state["scale"].dtype == np.float32 and state["scale"].shape == (1,)
     assert state["scale"][0] == np.float32(1234.5)
@@ -75,8 +94,13 @@ def test_paddle_loads_ours_and_we_load_paddles(monkeypatch):
 
 
 def test_loads_pytorch_grad_scaler_dict():
-    torch_state = {"scale": 4096.0, "growth_factor": 2.5, "backoff_factor": 0.125,
-                   "growth_interval": 500, "_growth_tracker": 321}
+    torch_state = {
+        "scale": 4096.0,
+        "growth_factor": 2.5,
+        "backoff_factor": 0.125,
+        "growth_interval": 500,
+        "_growth_tracker": 321,
+    }
     scaler = GradScaler(decr_every_n_nan_or_inf=4, use_dynamic_loss_scaling=False)
     scaler.set_decr_count(2)
     scaler.load_state_dict(torch_state)
@@ -91,10 +115,20 @@ def test_loads_a_real_pytorch_state_dict_when_torch_is_installed():
     assert observable(scaler)[0] == 512.0 and scaler.get_incr_every_n_steps() == 9
 
 
-@pytest.mark.parametrize("scale", [
-    2048.0, 2048, np.float32(2048.0), np.array(2048.0), np.array([2048.0], dtype=np.float32),
-    np.array([2048.0]), paddle.to_tensor([2048.0]), paddle.to_tensor(2048.0)],
-    ids=["float", "int", "np-scalar", "0d", "f32[1]", "f64[1]", "tensor[1]", "tensor0d"])
+@pytest.mark.parametrize(
+    "scale",
+    [
+        2048.0,
+        2048,
+        np.float32(2048.0),
+        np.array(2048.0),
+        np.array([2048.0], dtype=np.float32),
+        np.array([2048.0]),
+        paddle.to_tensor([2048.0]),
+        paddle.to_tensor(2048.0),
+    ],
+    ids=["float", "int", "np-scalar", "0d", "f32[1]", "f64[1]", "tensor[1]", "tensor0d"],
+)
 def test_scale_forms(scale):
     state = busy_scaler().state_dict()
     state["scale"] = scale
@@ -111,17 +145,37 @@ def test_unknown_keys_are_ignored():
 
 
 BAD_VALUES = [
-    ("scale", math.nan), ("scale", math.inf), ("scale", 0.0), ("scale", -2.0),
-    ("scale", 1e39), ("scale", "1024"), ("scale", np.array([1.0, 2.0])), ("scale", None),
-    ("scale", np.array(["a"])), ("scale", True),
-    ("incr_ratio", 1.0), ("incr_ratio", 0.5), ("incr_ratio", math.inf), ("incr_ratio", "2"),
-    ("decr_ratio", 1.0), ("decr_ratio", 0.0), ("decr_ratio", -0.5), ("decr_ratio", math.nan),
-    ("incr_every_n_steps", 0), ("incr_every_n_steps", 2.5), ("incr_every_n_steps", True),
+    ("scale", math.nan),
+    ("scale", math.inf),
+    ("scale", 0.0),
+    ("scale", -2.0),
+    ("scale", 1e39),
+    ("scale", "1024"),
+    ("scale", np.array([1.0, 2.0])),
+    ("scale", None),
+    ("scale", np.array(["a"])),
+    ("scale", True),
+    ("incr_ratio", 1.0),
+    ("incr_ratio", 0.5),
+    ("incr_ratio", math.inf),
+    ("incr_ratio", "2"),
+    ("decr_ratio", 1.0),
+    ("decr_ratio", 0.0),
+    ("decr_ratio", -0.5),
+    ("decr_ratio", math.nan),
+    ("incr_every_n_steps", 0),
+    ("incr_every_n_steps", 2.5),
+    ("incr_every_n_steps", True),
     ("incr_every_n_steps", 2**31),
-    ("decr_every_n_nan_or_inf", -1), ("decr_every_n_nan_or_inf", "1"),
-    ("incr_count", -1), ("incr_count", 7), ("incr_count", 1.0),
-    ("decr_count", 3), ("decr_count", None),
-    ("use_dynamic_loss_scaling", 1), ("use_dynamic_loss_scaling", "yes"),
+    ("decr_every_n_nan_or_inf", -1),
+    ("decr_every_n_nan_or_inf", "1"),
+    ("incr_count", -1),
+    ("incr_count", 7),
+    ("incr_count", 1.0),
+    ("decr_count", 3),
+    ("decr_count", None),
+    ("use_dynamic_loss_scaling", 1),
+    ("use_dynamic_loss_scaling", "yes"),
 ]
 
 
@@ -135,9 +189,19 @@ def test_bad_value_raises_naming_the_key_and_changes_nothing(key, value):
     assert observable(scaler) == before
 
 
-@pytest.mark.parametrize("key", ["scale", "incr_ratio", "decr_ratio", "incr_every_n_steps",
-                                 "decr_every_n_nan_or_inf", "incr_count", "decr_count",
-                                 "use_dynamic_loss_scaling"])
+@pytest.mark.parametrize(
+    "key",
+    [
+        "scale",
+        "incr_ratio",
+        "decr_ratio",
+        "incr_every_n_steps",
+        "decr_every_n_nan_or_inf",
+        "incr_count",
+        "decr_count",
+        "use_dynamic_loss_scaling",
+    ],
+)
 def test_missing_key_raises_naming_it_and_changes_nothing(key):
     scaler = busy_scaler()
     before = observable(scaler)
@@ -152,11 +216,19 @@ def test_bad_pytorch_dict_names_the_pytorch_key():
     scaler = busy_scaler()
     before = observable(scaler)
     with pytest.raises(ValueError, match="growth_interval"):
-        scaler.load_state_dict({"scale": 8.0, "growth_factor": 2.0, "backoff_factor": 0.5,
-                                "growth_interval": 0, "_growth_tracker": 0})
+        scaler.load_state_dict(
+            {
+                "scale": 8.0,
+                "growth_factor": 2.0,
+                "backoff_factor": 0.5,
+                "growth_interval": 0,
+                "_growth_tracker": 0,
+            }
+        )
     with pytest.raises(ValueError, match="_growth_tracker"):
-        scaler.load_state_dict({"scale": 8.0, "growth_factor": 2.0, "backoff_factor": 0.5,
-                                "growth_interval": 10})
+        scaler.load_state_dict(
+            {"scale": 8.0, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 10}
+        )
     assert observable(scaler) == before
 
 

@@ -20,12 +20,15 @@ from helpers import (
 OPTIMIZERS = {
     "sgd": lambda params: paddle.optimizer.SGD(learning_rate=0.05, parameters=params),
     "sgd_weight_decay": lambda params: paddle.optimizer.SGD(
-        learning_rate=0.05, parameters=params, weight_decay=0.01),
+        learning_rate=0.05, parameters=params, weight_decay=0.01
+    ),
     "momentum": lambda params: paddle.optimizer.Momentum(
-        learning_rate=0.05, momentum=0.9, parameters=params),
+        learning_rate=0.05, momentum=0.9, parameters=params
+    ),
     "adam": lambda params: paddle.optimizer.Adam(learning_rate=0.01, parameters=params),
     "adamw": lambda params: paddle.optimizer.AdamW(
-        learning_rate=0.01, parameters=params, weight_decay=0.05),
+        learning_rate=0.01, parameters=params, weight_decay=0.05
+    ),
 }
 
 
@@ -53,25 +56,32 @@ def test_scaled_training_equals_plain_training(name, api):
     make_optimizer = OPTIMIZERS[name]
     # incr_every_n_steps=2: the scale also changes (exactly) during the run.
     scaler = GradScaler(init_loss_scaling=2.0**12, incr_every_n_steps=2)
-    assert_same_training(lambda: run(make_optimizer),
-                         lambda: run(make_optimizer, scaler, api))
+    assert_same_training(lambda: run(make_optimizer), lambda: run(make_optimizer, scaler, api))
     assert scaler.get_loss_scaling() == 2.0**15
 
 
 def test_amp_scaler_minimize_equals_plain_training():
-    assert_same_training(lambda: run(OPTIMIZERS["adam"]),
-                         lambda: run(OPTIMIZERS["adam"], AmpScaler(), "minimize"))
+    assert_same_training(
+        lambda: run(OPTIMIZERS["adam"]), lambda: run(OPTIMIZERS["adam"], AmpScaler(), "minimize")
+    )
 
 
 def test_param_groups():
     def make_optimizer(params):
         params = list(params)
         return paddle.optimizer.Momentum(
-            learning_rate=0.05, momentum=0.9,
-            parameters=[{"params": params[:2], "learning_rate": 0.5},
-                        {"params": params[2:], "weight_decay": 0.01}])
-    assert_same_training(lambda: run(make_optimizer),
-                         lambda: run(make_optimizer, GradScaler(init_loss_scaling=2.0**8)))
+            learning_rate=0.05,
+            momentum=0.9,
+            parameters=[
+                {"params": params[:2], "learning_rate": 0.5},
+                {"params": params[2:], "weight_decay": 0.01},
+            ],
+        )
+
+    assert_same_training(
+        lambda: run(make_optimizer),
+        lambda: run(make_optimizer, GradScaler(init_loss_scaling=2.0**8)),
+    )
 
 
 def test_unscale_then_clip_by_global_norm():
@@ -89,6 +99,7 @@ def test_unscale_then_clip_by_global_norm():
             paddle.nn.utils.clip_grad_norm_(model.parameters(), max_norm=0.05)
             finish_step(scaler, optimizer)
         return params_of(model), optimizer_state_of(optimizer, model.parameters())
+
     assert_same_training(lambda: train(None), lambda: train(GradScaler(init_loss_scaling=2.0**10)))
 
 
@@ -98,13 +109,16 @@ def test_gradient_accumulation():
         optimizer = paddle.optimizer.Adam(learning_rate=0.01, parameters=model.parameters())
         data = batches(steps=9)
         for start in range(0, len(data), micro_batches):
-            for batch in data[start:start + micro_batches]:
+            for batch in data[start : start + micro_batches]:
                 loss = loss_of(model, batch) / micro_batches
                 (loss if scaler is None else scaler.scale(loss)).backward()
             finish_step(scaler, optimizer)
         return params_of(model), optimizer_state_of(optimizer, model.parameters())
-    assert_same_training(lambda: train(None),
-                         lambda: train(GradScaler(init_loss_scaling=2.0**10, incr_every_n_steps=1)))
+
+    assert_same_training(
+        lambda: train(None),
+        lambda: train(GradScaler(init_loss_scaling=2.0**10, incr_every_n_steps=1)),
+    )
 
 
 def test_two_optimizers_one_update():
@@ -125,11 +139,20 @@ def test_two_optimizers_one_update():
                 scaler.update()
             opt_encoder.clear_grad()
             opt_head.clear_grad()
-        return (params_of(encoder) + params_of(head),
-                {**{"encoder." + k: v for k, v in
-                    optimizer_state_of(opt_encoder, encoder.parameters()).items()},
-                 **{"head." + k: v for k, v in
-                    optimizer_state_of(opt_head, head.parameters()).items()}})
+        return (
+            params_of(encoder) + params_of(head),
+            {
+                **{
+                    "encoder." + k: v
+                    for k, v in optimizer_state_of(opt_encoder, encoder.parameters()).items()
+                },
+                **{
+                    "head." + k: v
+                    for k, v in optimizer_state_of(opt_head, head.parameters()).items()
+                },
+            },
+        )
+
     scaler = GradScaler(init_loss_scaling=2.0**10, incr_every_n_steps=2)
     assert_same_training(lambda: train(None), lambda: train(scaler))
     # One update per iteration, not one per optimizer: 6 iterations, growth every 2.
@@ -146,7 +169,9 @@ def test_float64_model():
             model = make_model()
             optimizer = make_optimizer(model.parameters())
             for x, y in batches():
-                loss = paddle.nn.functional.mse_loss(model(x.astype("float64")), y.astype("float64"))
+                loss = paddle.nn.functional.mse_loss(
+                    model(x.astype("float64")), y.astype("float64")
+                )
                 if scaler is None:
                     loss.backward()
                     optimizer.step()
@@ -160,4 +185,5 @@ def test_float64_model():
             return params_of(model), optimizer_state_of(optimizer, model.parameters())
         finally:
             paddle.set_default_dtype("float32")
+
     assert_same_training(lambda: train(None), lambda: train(GradScaler(init_loss_scaling=2.0**10)))

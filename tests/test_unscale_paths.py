@@ -42,9 +42,11 @@ def paddle_kernel(arrays, scale, dtype):
 def through_path(path, arrays, scale, dtype):
     grads = [paddle.to_tensor(a) for a in arrays]
     with kernels.using_unscale_path(path):
-        found = kernels.unscale_and_check_(kernels.grads_by_dtype(_as_params(grads)),
-                                           paddle.to_tensor([scale], dtype="float32"),
-                                           paddle.to_tensor([False]))
+        found = kernels.unscale_and_check_(
+            kernels.grads_by_dtype(_as_params(grads)),
+            paddle.to_tensor([scale], dtype="float32"),
+            paddle.to_tensor([False]),
+        )
     return [g.numpy() for g in grads], bool(found.numpy()[0])
 
 
@@ -76,8 +78,9 @@ EDGE_CASES = {
     "largest finite": [np.array([3.4028235e38, -3.4028235e38], "float32")],
     "inf alone": [np.array([1.0, np.inf], "float32")],
     "minus inf in a later tensor": [np.ones(5, "float32"), np.array([-np.inf], "float32")],
-    "nan in a big tensor": [np.where(np.arange(200_000) == 123_457 % 200_000, np.nan,
-                                     1.0).astype("float32")],
+    "nan in a big tensor": [
+        np.where(np.arange(200_000) == 123_457 % 200_000, np.nan, 1.0).astype("float32")
+    ],
     "empty tensor": [np.zeros(0, "float32"), np.ones(3, "float32")],
     "float64 values": [np.array([1e300, -1e-300, 5e-324], "float64")],
     "float64 inf": [np.array([1.0, np.inf], "float64")],
@@ -99,11 +102,18 @@ def test_fused_kernel_flags_an_unscaled_value_that_overflows():
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(arrays=st.lists(hnp.arrays("float32", st.integers(0, 300),
-                                  elements=st.floats(width=32, allow_nan=True,
-                                                     allow_infinity=True)),
-                       min_size=1, max_size=4),
-       scale=st.sampled_from([1.0, 2.0**-3, 2.0**10, 7.0, 1e30]))
+@given(
+    arrays=st.lists(
+        hnp.arrays(
+            "float32",
+            st.integers(0, 300),
+            elements=st.floats(width=32, allow_nan=True, allow_infinity=True),
+        ),
+        min_size=1,
+        max_size=4,
+    ),
+    scale=st.sampled_from([1.0, 2.0**-3, 2.0**10, 7.0, 1e30]),
+)
 def test_random_gradients_match_paddles_kernel(arrays, scale):
     assert_same_as_paddle(arrays, scale, "float32")
 
@@ -134,7 +144,10 @@ def test_training_and_skipping_on_each_path(path, name):
 
 
 def test_unknown_path_is_refused():
-    with pytest.raises(ValueError, match="not available"), kernels.using_unscale_path("cuda-graphs"):
+    with (
+        pytest.raises(ValueError, match="not available"),
+        kernels.using_unscale_path("cuda-graphs"),
+    ):
         pass
 
 
@@ -143,17 +156,23 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def load_in_subprocess(extension_dir, prelude="", **env):
     """Run the loader in a fresh process: Paddle refuses to register an op twice in one."""
-    code = (prelude + "\nfrom paddle_amp_scaler import fused_cpu, kernels\n"
-            "print(kernels.unscale_paths(), kernels.default_unscale_path())\n")
-    environment = dict(os.environ, PYTHONPATH=ROOT, PADDLE_EXTENSION_DIR=str(extension_dir),
-                       **env)
-    return subprocess.run([sys.executable, "-c", code], env=environment, capture_output=True,
-                          text=True, timeout=600)
+    code = (
+        prelude + "\nfrom paddle_amp_scaler import fused_cpu, kernels\n"
+        "print(kernels.unscale_paths(), kernels.default_unscale_path())\n"
+    )
+    environment = dict(os.environ, PYTHONPATH=ROOT, PADDLE_EXTENSION_DIR=str(extension_dir), **env)
+    return subprocess.run(
+        [sys.executable, "-c", code], env=environment, capture_output=True, text=True, timeout=600
+    )
 
 
 def markers(directory):
-    return [os.path.join(folder, name) for folder, _, names in os.walk(directory)
-            for name in names if name == fused_cpu._BUILT]
+    return [
+        os.path.join(folder, name)
+        for folder, _, names in os.walk(directory)
+        for name in names
+        if name == fused_cpu._BUILT
+    ]
 
 
 def test_environment_switch_turns_the_fused_kernel_off(tmp_path):
@@ -163,9 +182,11 @@ def test_environment_switch_turns_the_fused_kernel_off(tmp_path):
 
 
 def test_a_failed_build_falls_back_with_a_warning(tmp_path):
-    no_compiler = ("from paddle.utils import cpp_extension\n"
-                   "def load(**kwargs):\n    raise OSError('no C++ compiler found')\n"
-                   "cpp_extension.load = load\n")
+    no_compiler = (
+        "from paddle.utils import cpp_extension\n"
+        "def load(**kwargs):\n    raise OSError('no C++ compiler found')\n"
+        "cpp_extension.load = load\n"
+    )
     result = load_in_subprocess(tmp_path, prelude=no_compiler)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "['paddle'] paddle"
@@ -176,6 +197,7 @@ def test_a_failed_build_falls_back_with_a_warning(tmp_path):
 def test_a_half_built_kernel_is_rebuilt_not_trusted(tmp_path):
     # What a build killed before it finished leaves: a folder of files and no marker.
     import hashlib
+
     with open(fused_cpu._SOURCE, "rb") as source:
         digest = hashlib.sha256(source.read()).hexdigest()[:12]
     version = paddle.__version__.replace(".", "_").replace("-", "_").replace("+", "_")

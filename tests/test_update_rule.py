@@ -23,8 +23,16 @@ def train(scaler, schedule, api, loss_factor=1.0):
     injector = GradInjector(model[-1].weight)
     data = batches(steps=4)
     for step, kind in enumerate(schedule):
-        train_step(scaler, model, optimizer, data[step % len(data)], api, injector,
-                   INJECTED[kind], loss_factor)
+        train_step(
+            scaler,
+            model,
+            optimizer,
+            data[step % len(data)],
+            api,
+            injector,
+            INJECTED[kind],
+            loss_factor,
+        )
         yield scaler.get_loss_scaling(), scaler.get_incr_count(), scaler.get_decr_count()
 
 
@@ -43,29 +51,63 @@ SCRIPTS = {
     "streak broken by inf": ["finite", "finite", "inf", "finite", "finite", "finite"],
     "back off every second": ["inf", "nan", "inf", "finite", "inf", "inf", "nan"],
     "alternating": ["finite", "inf"] * 5,
-    "mixed": ["finite", "finite", "finite", "nan", "finite", "inf", "inf", "finite",
-              "finite", "finite", "finite", "nan", "nan"],
+    "mixed": [
+        "finite",
+        "finite",
+        "finite",
+        "nan",
+        "finite",
+        "inf",
+        "inf",
+        "finite",
+        "finite",
+        "finite",
+        "finite",
+        "nan",
+        "nan",
+    ],
 }
 
 
 @pytest.mark.parametrize("api", ["step_update", "minimize"])
 @pytest.mark.parametrize("script", sorted(SCRIPTS))
 def test_scripted_schedules_follow_the_rule(api, script):
-    config = dict(init_loss_scaling=2.0**10, incr_ratio=2.0, decr_ratio=0.5,
-                  incr_every_n_steps=3, decr_every_n_nan_or_inf=2)
+    config = dict(
+        init_loss_scaling=2.0**10,
+        incr_ratio=2.0,
+        decr_ratio=0.5,
+        incr_every_n_steps=3,
+        decr_every_n_nan_or_inf=2,
+    )
     scaler = GradScaler(**config)
-    reference = ReferenceScaler(scale=config["init_loss_scaling"], incr_ratio=2.0,
-                                decr_ratio=0.5, incr_every_n_steps=3, decr_every_n_nan_or_inf=2)
+    reference = ReferenceScaler(
+        scale=config["init_loss_scaling"],
+        incr_ratio=2.0,
+        decr_ratio=0.5,
+        incr_every_n_steps=3,
+        decr_every_n_nan_or_inf=2,
+    )
     assert_follows_reference(scaler, reference, SCRIPTS[script], api)
 
 
 def test_non_power_of_two_ratios_round_like_float32():
-    scaler = GradScaler(init_loss_scaling=1000.0, incr_ratio=1.7, decr_ratio=0.3,
-                        incr_every_n_steps=2, decr_every_n_nan_or_inf=1)
-    reference = ReferenceScaler(scale=1000.0, incr_ratio=1.7, decr_ratio=0.3,
-                                incr_every_n_steps=2, decr_every_n_nan_or_inf=1)
-    assert_follows_reference(scaler, reference, ["finite"] * 4 + ["inf", "finite", "finite"],
-                             "step_update")
+    scaler = GradScaler(
+        init_loss_scaling=1000.0,
+        incr_ratio=1.7,
+        decr_ratio=0.3,
+        incr_every_n_steps=2,
+        decr_every_n_nan_or_inf=1,
+    )
+    reference = ReferenceScaler(
+        scale=1000.0,
+        incr_ratio=1.7,
+        decr_ratio=0.3,
+        incr_every_n_steps=2,
+        decr_every_n_nan_or_inf=1,
+    )
+    assert_follows_reference(
+        scaler, reference, ["finite"] * 4 + ["inf", "finite", "finite"], "step_update"
+    )
 
 
 def test_scale_never_falls_below_one():
@@ -86,27 +128,38 @@ def test_growth_that_would_overflow_float32_leaves_scale_unchanged():
 
 @pytest.mark.parametrize("api", ["step_update", "minimize"])
 def test_fixed_mode_never_changes_the_scale_but_still_skips(api):
-    scaler = GradScaler(init_loss_scaling=256.0, use_dynamic_loss_scaling=False,
-                        incr_every_n_steps=1)
+    scaler = GradScaler(
+        init_loss_scaling=256.0, use_dynamic_loss_scaling=False, incr_every_n_steps=1
+    )
     observed = list(train(scaler, ["finite", "inf", "finite", "nan"], api))
     assert [scale for scale, _, _ in observed] == [256.0] * 4
 
 
-def follows_the_rule_on(schedule, incr_every_n_steps, decr_every_n_nan_or_inf, incr_ratio,
-                        decr_ratio, api):
-    config = dict(init_loss_scaling=64.0, incr_ratio=incr_ratio, decr_ratio=decr_ratio,
-                  incr_every_n_steps=incr_every_n_steps,
-                  decr_every_n_nan_or_inf=decr_every_n_nan_or_inf)
-    reference = ReferenceScaler(scale=64.0, incr_ratio=incr_ratio, decr_ratio=decr_ratio,
-                                incr_every_n_steps=incr_every_n_steps,
-                                decr_every_n_nan_or_inf=decr_every_n_nan_or_inf)
+def follows_the_rule_on(
+    schedule, incr_every_n_steps, decr_every_n_nan_or_inf, incr_ratio, decr_ratio, api
+):
+    config = dict(
+        init_loss_scaling=64.0,
+        incr_ratio=incr_ratio,
+        decr_ratio=decr_ratio,
+        incr_every_n_steps=incr_every_n_steps,
+        decr_every_n_nan_or_inf=decr_every_n_nan_or_inf,
+    )
+    reference = ReferenceScaler(
+        scale=64.0,
+        incr_ratio=incr_ratio,
+        decr_ratio=decr_ratio,
+        incr_every_n_steps=incr_every_n_steps,
+        decr_every_n_nan_or_inf=decr_every_n_nan_or_inf,
+    )
     assert_follows_reference(GradScaler(**config), reference, schedule, api)
 
 
 def random_runs(max_steps, ratios):
     return given(
-        schedule=st.lists(st.sampled_from(["finite", "inf", "nan"]), min_size=1,
-                          max_size=max_steps),
+        schedule=st.lists(
+            st.sampled_from(["finite", "inf", "nan"]), min_size=1, max_size=max_steps
+        ),
         incr_every_n_steps=st.integers(1, 5),
         decr_every_n_nan_or_inf=st.integers(1, 3),
         incr_ratio=ratios(1.0, 4.0).filter(lambda r: r > 1.0),
@@ -118,9 +171,14 @@ def random_runs(max_steps, ratios):
 _QUIET = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 test_random_schedules_follow_the_rule = settings(max_examples=15, **_QUIET)(
     random_runs(16, lambda low, high: st.sampled_from([0.25, 0.5, 0.8, 1.5, 2.0, 3.0]))(
-        follows_the_rule_on))
-test_random_schedules_follow_the_rule_long = pytest.mark.long(settings(max_examples=400, **_QUIET)(
-    random_runs(60, lambda low, high: st.floats(low, high))(follows_the_rule_on)))
+        follows_the_rule_on
+    )
+)
+test_random_schedules_follow_the_rule_long = pytest.mark.long(
+    settings(max_examples=400, **_QUIET)(
+        random_runs(60, lambda low, high: st.floats(low, high))(follows_the_rule_on)
+    )
+)
 
 
 def test_shortening_a_period_below_the_streak_grows_at_the_next_finite_step():
