@@ -47,19 +47,35 @@ def grads_by_dtype(params: Iterable[Tensor]) -> GradGroups:
     Paddle's master-grad mode accumulates into ``param.main_grad`` (float32) and the
     optimizer reads that one, so it is the gradient that must be unscaled and checked.
     """
+    return grads_by_dtype_of(_gradient_of(param) for param in params)
+
+
+def grads_by_dtype_of(grads: Iterable[Tensor | None]) -> GradGroups:
+    """Gradients grouped by dtype, leaving out ``None`` and empty ones."""
     groups: GradGroups = {}
-    for param in params:
-        grad = getattr(param, "main_grad", None)
-        if grad is None:
-            grad = param._grad_ivar()
+    for grad in grads:
         # `0 not in shape`, not `grad.size`: Paddle computes size through NumPy (~6 us).
         if grad is not None and 0 not in grad.shape:
             groups.setdefault(grad.dtype, []).append(grad)
     return groups
 
 
+def _gradient_of(param: Tensor) -> Tensor | None:
+    grad = getattr(param, "main_grad", None)
+    return param._grad_ivar() if grad is None else grad
+
+
 def _scale_for(dtype: Any, scale: Tensor) -> Tensor:
     return scale.astype(paddle.float64) if dtype == paddle.float64 else scale
+
+
+def unscaled(tensor: Tensor, scale: Tensor) -> Tensor:
+    """A new tensor holding ``tensor * (1 / scale)`` in ``tensor``'s dtype, computed as the
+    unscale kernel computes it (float16 and bfloat16 through float32)."""
+    inverse = paddle.reciprocal(_scale_for(tensor.dtype, scale)).reshape([])
+    if tensor.dtype in (paddle.float16, paddle.bfloat16):
+        return (tensor.astype(paddle.float32) * inverse).astype(tensor.dtype)
+    return tensor * inverse
 
 
 def any_of(flags: Sequence[Tensor]) -> Tensor:
@@ -86,6 +102,19 @@ def unscale_and_check_(grads: GradGroups, scale: Tensor, all_finite: Tensor) -> 
         else:
             flags.append(_C_ops.check_finite_and_unscale_(group, group_scale)[1])
     return any_of(flags) if flags else all_finite
+
+
+def all_finite(tensors: Iterable[Tensor]) -> Tensor:
+    """A bool [1] tensor: no inf/nan in ``tensors``, decided on the device.
+
+    It runs the unscale kernel with a scale of exactly 1 (one launch per dtype, however
+    many tensors), which writes every value back unchanged, in place.
+    """
+    groups = grads_by_dtype_of(tensors)
+    found = unscale_and_check_(
+        groups, paddle.ones([1], dtype=paddle.float32), paddle.zeros([1], dtype=paddle.bool)
+    )
+    return paddle.logical_not(found)
 
 
 def unscale_paths() -> list[str]:

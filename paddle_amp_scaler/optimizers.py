@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import paddle
 
-# Attributes under which Paddle's wrappers (fleet's HybridParallelOptimizer and
-# MixPrecisionOptimizer, GroupSharded optimizers, DygraphShardingOptimizer) keep the
-# optimizer they drive.
-_INNER_OPTIMIZER_ATTRS = ("_inner_opt", "_optim", "_inner_optimizer", "inner_opt")
+# Attributes under which wrappers keep the optimizer they drive: Paddle's (fleet's
+# HybridParallelOptimizer and MixPrecisionOptimizer, GroupSharded optimizers,
+# DygraphShardingOptimizer) and this package's LossScaleOptimizer.
+_INNER_OPTIMIZER_ATTRS = (
+    "_inner_opt",
+    "_optim",
+    "_inner_optimizer",
+    "inner_opt",
+    "inner_optimizer",
+)
 _MAX_WRAPPER_DEPTH = 8
 
 _CLIPS_THAT_KEEP_ZERO = (
@@ -20,17 +27,18 @@ _CLIPS_THAT_KEEP_ZERO = (
 
 
 def parameters_of(optimizer: Any) -> list[Any]:
-    """The parameters an optimizer updates, across its parameter groups."""
-    groups = getattr(optimizer, "_param_groups", None)
-    if groups and isinstance(groups[0], dict):
-        return [param for group in groups for param in group["params"]]
-    params = getattr(optimizer, "_parameter_list", None)
-    if params is None:
+    """The parameters an optimizer updates, across its parameter groups; a wrapper's
+    are those of the optimizer it drives, unless it lists its own."""
+    owner = _first_wrapped(optimizer, _lists_parameters)
+    if owner is None:
         raise TypeError(
             f"optimizer must be a paddle.optimizer.Optimizer built with parameters=..., "
             f"got {type(optimizer).__name__} with no parameter list"
         )
-    return list(params)
+    groups = getattr(owner, "_param_groups", None)
+    if groups and isinstance(groups[0], dict):
+        return [param for group in groups for param in group["params"]]
+    return list(owner._parameter_list)
 
 
 def flag_taker(optimizer: Any) -> Any | None:
@@ -39,9 +47,21 @@ def flag_taker(optimizer: Any) -> Any | None:
     Paddle's optimizers take the flag and read it once per step; a wrapper takes it
     through the Paddle optimizer it drives.
     """
+    return _first_wrapped(optimizer, lambda it: callable(getattr(it, "_set_auxiliary_var", None)))
+
+
+def _lists_parameters(optimizer: Any) -> bool:
+    return getattr(optimizer, "_parameter_list", None) is not None or bool(
+        getattr(optimizer, "_param_groups", None)
+    )
+
+
+def _first_wrapped(optimizer: Any, wanted: Callable[[Any], bool]) -> Any | None:
+    """``optimizer`` if ``wanted(optimizer)``, else the first such optimizer found by
+    following the wrappers' inner optimizers; None if none is."""
     candidate = optimizer
     for _ in range(_MAX_WRAPPER_DEPTH):
-        if callable(getattr(candidate, "_set_auxiliary_var", None)):
+        if wanted(candidate):
             return candidate
         candidate = next(
             (

@@ -70,6 +70,8 @@ class AmpScaler:
         incr_every_n_steps: int = 1000,
         decr_every_n_nan_or_inf: int = 1,
         use_dynamic_loss_scaling: bool = True,
+        *,
+        place: Any = None,
     ) -> None:
         self._enable = validation.check_bool(enable, "enable")
         self._init_loss_scaling = validation.check_scale(init_loss_scaling, "init_loss_scaling")
@@ -83,17 +85,21 @@ class AmpScaler:
             use_dynamic_loss_scaling, "use_dynamic_loss_scaling"
         )
 
-        self._scale = paddle.to_tensor([self._init_loss_scaling], dtype="float32")
-        self._incr_count = paddle.zeros([1], dtype="int32")
-        self._decr_count = paddle.zeros([1], dtype="int32")
-        self._temp_found_inf_value_false = paddle.to_tensor([False])
+        place = validation.check_place(place)
+        try:
+            self._scale = paddle.to_tensor([self._init_loss_scaling], dtype="float32", place=place)
+        except ValueError as error:  # Paddle's words for a device it cannot use
+            raise ValueError(f"place {place!r} cannot be used here: {error}") from None
+        self._incr_count = paddle.to_tensor([0], dtype="int32", place=place)
+        self._decr_count = paddle.to_tensor([0], dtype="int32", place=place)
+        self._temp_found_inf_value_false = paddle.to_tensor([False], place=place)
         self._found_inf: Any = self._temp_found_inf_value_false
         self._cache_found_inf: Any = None
         self._optimizer_states: defaultdict[int, _OptimizerRecord] = defaultdict(
             _fresh_optimizer_state
         )
         # Stands in for update_loss_scaling's gradient list, which may not be empty.
-        self._update_scratch = paddle.zeros([1], dtype="float32")
+        self._update_scratch = paddle.to_tensor([0.0], dtype="float32", place=place)
         if self._enable:
             # Loads (or, once per machine, builds) the CPU kernel now, so that neither the
             # build nor its self-check lands inside a training step.
@@ -131,14 +137,9 @@ class AmpScaler:
     def minimize(self, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
         """Unscale (unless done), ``optimizer.minimize(*args, **kwargs)`` unless inf/nan
         was found, then update the scale. Returns what ``optimizer.minimize`` returned."""
-        if not self._enable:
-            return optimizer.minimize(*args, **kwargs)
-        state = self._optimizer_states[id(optimizer)]
-        self._prepare_step(optimizer, state)
-        result = self._step_or_skip(optimizer, state, lambda: optimizer.minimize(*args, **kwargs))
-        state["state"] = OptimizerState.STEPPED
-        self._finish_iteration()
-        return (None, None) if result is _SKIPPED_ON_HOST else result
+        return self._step_and_update(
+            optimizer, lambda: optimizer.minimize(*args, **kwargs), skipped=(None, None)
+        )
 
     # -- hooks that Paddle's distributed wrappers replace or read --------------------
 
@@ -182,6 +183,43 @@ class AmpScaler:
         self._unscale(optimizer)
         # A replaced _unscale may neither mark the state nor keep per-optimizer verdicts.
         state["found_inf"] = self._found_inf
+        state["state"] = OptimizerState.UNSCALED
+
+    def _step(self, optimizer: Any, run_step: Callable[[], Any], skipped: Any = None) -> Any:
+        """Unscale ``optimizer``'s gradients unless done, then ``run_step()`` so that it
+        changes nothing if they hold inf/nan. Returns what ``run_step`` returned, or
+        ``skipped`` when the scaler skipped it without calling it.
+
+        The one step of every public face: ``step``, ``minimize``, the dialects.
+        """
+        if not self._enable:
+            return run_step()
+        state = self._optimizer_states[id(optimizer)]
+        self._prepare_step(optimizer, state)
+        result = self._step_or_skip(optimizer, state, run_step)
+        state["state"] = OptimizerState.STEPPED
+        return skipped if result is _SKIPPED_ON_HOST else result
+
+    def _step_and_update(
+        self, optimizer: Any, run_step: Callable[[], Any], skipped: Any = None
+    ) -> Any:
+        """``_step``, then the scale update that ends the iteration."""
+        result = self._step(optimizer, run_step, skipped)
+        if self._enable:
+            self._finish_iteration()
+        return result
+
+    def _check_given_gradients(self, optimizer: Any, grads: list[Tensor]) -> None:
+        """Check gradients that hold true values (already unscaled) for ``optimizer``'s
+        next step, in place of unscaling its parameters' gradients."""
+        state = self._optimizer_states[id(optimizer)]
+        _refuse_unscale_in(state["state"])
+        groups = kernels.grads_by_dtype_of(grads)
+        state["grads"] = groups
+        # Multiplying by exactly 1 leaves every value as it is: the kernel only checks.
+        state["found_inf"] = self._found_inf = kernels.unscale_and_check_(
+            groups, paddle.ones_like(self._scale), self._temp_found_inf_value_false
+        )
         state["state"] = OptimizerState.UNSCALED
 
     def _prepare_step(self, optimizer: Any, state: _OptimizerRecord) -> None:
@@ -236,18 +274,25 @@ class AmpScaler:
                 for state in self._optimizer_states.values()
                 if state["state"] is OptimizerState.STEPPED
             ]
-            kernels.update_scale_(
-                kernels.any_of(verdicts),
-                self._scale,
-                self._incr_count,
-                self._decr_count,
-                self._update_scratch,
-                incr_every_n_steps=self._incr_every_n_steps,
-                decr_every_n_nan_or_inf=self._decr_every_n_nan_or_inf,
-                incr_ratio=self._incr_ratio,
-                decr_ratio=self._decr_ratio,
-            )
+            self._update_scale(kernels.any_of(verdicts))
+        self._start_new_iteration()
+
+    def _start_new_iteration(self) -> None:
         self._optimizer_states = defaultdict(_fresh_optimizer_state)
+
+    def _update_scale(self, found_inf: Tensor) -> None:
+        """One step of the dynamic update rule, on the device, from a bool [1] verdict."""
+        kernels.update_scale_(
+            found_inf,
+            self._scale,
+            self._incr_count,
+            self._decr_count,
+            self._update_scratch,
+            incr_every_n_steps=self._incr_every_n_steps,
+            decr_every_n_nan_or_inf=self._decr_every_n_nan_or_inf,
+            incr_ratio=self._incr_ratio,
+            decr_ratio=self._decr_ratio,
+        )
 
     def _as_flag(self, found_inf: Any) -> Tensor:
         if isinstance(found_inf, Tensor):
@@ -394,6 +439,8 @@ class GradScaler(AmpScaler):
         incr_every_n_steps: int = 2000,
         decr_every_n_nan_or_inf: int = 1,
         use_dynamic_loss_scaling: bool = True,
+        *,
+        place: Any = None,
     ) -> None:
         super().__init__(
             enable,
@@ -403,17 +450,12 @@ class GradScaler(AmpScaler):
             incr_every_n_steps,
             decr_every_n_nan_or_inf,
             use_dynamic_loss_scaling,
+            place=place,
         )
 
     def step(self, optimizer: Any) -> None:
         """Unscale (unless done), then ``optimizer.step()`` unless inf/nan was found."""
-        if not self._enable:
-            optimizer.step()
-            return
-        state = self._optimizer_states[id(optimizer)]
-        self._prepare_step(optimizer, state)
-        self._step_or_skip(optimizer, state, optimizer.step)
-        state["state"] = OptimizerState.STEPPED
+        self._step(optimizer, optimizer.step)
 
     def update(self) -> None:
         """Update the scale once for this iteration: backs off if any stepped optimizer

@@ -74,3 +74,14 @@ def check_count(value: Any, name: str, period: int, period_name: str) -> int:
             f"{name} must be an int with 0 <= {name} < {period_name} ({period}), got {value!r}"
         )
     return count
+
+
+def check_place(value: Any, name: str = "place") -> Any:
+    """Where tensors go: None (Paddle's current device), a device string such as "cpu" or
+    "gpu:1", or a Paddle place object. Paddle itself refuses a string it cannot parse."""
+    if value is None or isinstance(value, str) or type(value).__name__.endswith("Place"):
+        return value
+    raise TypeError(
+        f'{name} must be None, a device string such as "cpu" or "gpu:0", or a Paddle '
+        f"place, got {value!r} ({type(value).__name__})"
+    )
