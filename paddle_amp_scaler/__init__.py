@@ -17,6 +17,7 @@ except ImportError as error:  # pragma: no cover - depends on the environment
 from .autocast import amp_guard, auto_cast, decorate
 from .checkpoint import CheckpointError, load_checkpoint, read_checkpoint, save_checkpoint
 from .scaler import AmpScaler, GradScaler
+from .statistics import LossScaleStuckError, ScalerStats
 
 __all__ = [
     "AmpScaler",
@@ -24,6 +25,8 @@ __all__ = [
     "amp_guard",
     "auto_cast",
     "decorate",
+    "ScalerStats",
+    "LossScaleStuckError",
     "save_checkpoint",
     "load_checkpoint",
     "read_checkpoint",

@@ -15,6 +15,7 @@ from paddle.amp.grad_scaler import OptimizerState
 
 from . import kernels, optimizers, validation
 from .state import ScalerState, parse_state_dict
+from .statistics import OnStuck, RunCounters, ScalerStats, StuckPolicy
 
 logger = logging.getLogger("paddle_amp_scaler")
 
@@ -72,6 +73,8 @@ class AmpScaler:
         use_dynamic_loss_scaling: bool = True,
         *,
         place: Any = None,
+        stuck_after: int | None = None,
+        on_stuck: OnStuck = "warn",
     ) -> None:
         self._enable = validation.check_bool(enable, "enable")
         self._init_loss_scaling = validation.check_scale(init_loss_scaling, "init_loss_scaling")
@@ -100,6 +103,8 @@ class AmpScaler:
         )
         # Stands in for update_loss_scaling's gradient list, which may not be empty.
         self._update_scratch = paddle.to_tensor([0.0], dtype="float32", place=place)
+        self._run = RunCounters(self._scale.place)
+        self._stuck_policy = StuckPolicy(stuck_after, on_stuck)
         if self._enable:
             # Loads (or, once per machine, builds) the CPU kernel now, so that neither the
             # build nor its self-check lands inside a training step.
@@ -266,16 +271,22 @@ class AmpScaler:
         self._cache_found_inf = bool(found_inf)
         return _SKIPPED_ON_HOST if self._cache_found_inf else run_step()
 
-    def _finish_iteration(self) -> None:
-        """Update the scale from every optimizer stepped since the last update; reset."""
-        if self._use_dynamic_loss_scaling:
-            verdicts = [
-                self._as_flag(state["found_inf"])
-                for state in self._optimizer_states.values()
-                if state["state"] is OptimizerState.STEPPED
-            ]
-            self._update_scale(kernels.any_of(verdicts))
+    def _finish_iteration(self, update_scale: bool = True) -> None:
+        """End the iteration: update the scale from every optimizer stepped since the last
+        update (any inf/nan counts), count it, reset, then apply the stuck policy."""
+        verdicts = [
+            self._as_flag(state["found_inf"])
+            for state in self._optimizer_states.values()
+            if state["state"] is OptimizerState.STEPPED
+        ]
+        found_inf = kernels.any_of(verdicts)
+        dynamic = update_scale and self._use_dynamic_loss_scaling
+        if dynamic:
+            self._update_scale(found_inf)
+        self._run.record_(found_inf, (self._incr_count, self._decr_count) if dynamic else None)
         self._start_new_iteration()
+        # Last, so that a LossScaleStuckError leaves a consistent, resumable scaler.
+        self._stuck_policy.after_iteration(self._run, self.stats)
 
     def _start_new_iteration(self) -> None:
         self._optimizer_states = defaultdict(_fresh_optimizer_state)
@@ -306,6 +317,18 @@ class AmpScaler:
 
     def is_use_dynamic_loss_scaling(self) -> bool:
         return self._use_dynamic_loss_scaling
+
+    def stats(self) -> ScalerStats:
+        """The run so far: iterations, skipped ones, the current skip streak, the last
+        skipped iteration, growths, back-offs and the scale (one read of the device)."""
+        if not self._enable:
+            return ScalerStats.nothing_yet()
+        return self._run.read(self._scale)
+
+    def last_step_skipped(self) -> bool:
+        """Whether the most recent iteration skipped its step (reads the device); False
+        before the first. For an LR scheduler that must not advance on skipped steps."""
+        return self.stats().skip_streak > 0
 
     def get_loss_scaling(self) -> float:
         """The current scale (reads the device); 1.0 when disabled."""
@@ -379,8 +402,9 @@ class AmpScaler:
         """The scaler's state in Paddle's format (reads the device); ``{}`` when disabled."""
         if not self._enable:
             return {}
+        stats = self.stats()
         return ScalerState(
-            scale=_read_number(self._scale),
+            scale=stats.scale,
             incr_ratio=self._incr_ratio,
             decr_ratio=self._decr_ratio,
             incr_every_n_steps=self._incr_every_n_steps,
@@ -388,6 +412,7 @@ class AmpScaler:
             incr_count=self.get_incr_count(),
             decr_count=self.get_decr_count(),
             use_dynamic_loss_scaling=self._use_dynamic_loss_scaling,
+            stats=stats,
         ).to_paddle_dict()
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
@@ -414,6 +439,8 @@ class AmpScaler:
         self._incr_count.fill_(loaded.incr_count)
         self._decr_count.fill_(loaded.decr_count)
         self._use_dynamic_loss_scaling = loaded.use_dynamic_loss_scaling
+        if loaded.stats is not None:
+            self._run.load(loaded.stats)
 
 
 class GradScaler(AmpScaler):
@@ -441,6 +468,8 @@ class GradScaler(AmpScaler):
         use_dynamic_loss_scaling: bool = True,
         *,
         place: Any = None,
+        stuck_after: int | None = None,
+        on_stuck: OnStuck = "warn",
     ) -> None:
         super().__init__(
             enable,
@@ -451,6 +480,8 @@ class GradScaler(AmpScaler):
             decr_every_n_nan_or_inf,
             use_dynamic_loss_scaling,
             place=place,
+            stuck_after=stuck_after,
+            on_stuck=on_stuck,
         )
 
     def step(self, optimizer: Any) -> None:

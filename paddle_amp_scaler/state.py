@@ -14,6 +14,7 @@ import numpy as np
 import paddle
 
 from . import validation
+from .statistics import ScalerStats, parse_stats_state
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,14 +29,28 @@ class ScalerState:
     incr_count: int
     decr_count: int
     use_dynamic_loss_scaling: bool
+    # Not in Paddle's or PyTorch's dicts: None there, and the scaler keeps its own.
+    stats: ScalerStats | None = None
 
     def to_paddle_dict(self) -> dict[str, Any]:
-        fields = dataclasses.asdict(self)
+        fields = {key: getattr(self, key) for key in PADDLE_KEYS}
         fields["scale"] = np.array([self.scale], dtype=np.float32)
+        if self.stats is not None:
+            fields["stats"] = self.stats.to_state()
         return fields
 
 
-PADDLE_KEYS = tuple(field.name for field in dataclasses.fields(ScalerState))
+# The keys of Paddle's own format, all required.
+PADDLE_KEYS = (
+    "scale",
+    "incr_ratio",
+    "decr_ratio",
+    "incr_every_n_steps",
+    "decr_every_n_nan_or_inf",
+    "incr_count",
+    "decr_count",
+    "use_dynamic_loss_scaling",
+)
 
 # PyTorch's GradScaler keys, by the Paddle key they mean. PyTorch has no decrease
 # period (it backs off on every overflow) and is always dynamic.
@@ -89,6 +104,11 @@ def parse_state_dict(state_dict: Mapping[str, Any]) -> ScalerState:
             "decr_count", validation.check_count, decr_every_n_nan_or_inf, "decr_every_n_nan_or_inf"
         ),
         use_dynamic_loss_scaling=checked("use_dynamic_loss_scaling", validation.check_bool),
+        stats=(
+            parse_stats_state(state_dict["stats"], "state_dict['stats']")
+            if "stats" in state_dict
+            else None
+        ),
     )
 
 

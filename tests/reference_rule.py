@@ -18,6 +18,10 @@ class ReferenceScaler:
     incr_count: int = 0
     decr_count: int = 0
     dynamic: bool = True
+    # How often the rule fired: a growth refused at float32's limit, or a back-off held
+    # at the floor of 1.0, still counts.
+    growths: int = 0
+    backoffs: int = 0
 
     def __post_init__(self):
         self.scale = np.float32(self.scale)
@@ -31,6 +35,7 @@ class ReferenceScaler:
             if self.decr_count == self.decr_every_n_nan_or_inf:
                 self.scale = max(self.scale * np.float32(self.decr_ratio), np.float32(1.0))
                 self.decr_count = 0
+                self.backoffs += 1
         else:
             self.decr_count = 0
             self.incr_count += 1
@@ -40,6 +45,7 @@ class ReferenceScaler:
                 if np.isfinite(grown):
                     self.scale = grown
                 self.incr_count = 0
+                self.growths += 1
 
     def snapshot(self):
         return float(self.scale), self.incr_count, self.decr_count

@@ -50,6 +50,7 @@ def test_format_matches_api_md():
         "incr_count",
         "decr_count",
         "use_dynamic_loss_scaling",
+        "stats",
     }
     assert isinstance(state["scale"], np.ndarray)
     assert state["scale"].dtype == np.float32 and state["scale"].shape == (1,)

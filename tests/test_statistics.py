@@ -1,0 +1,297 @@
+"""stats(), last_step_skipped() and the stuck policy.
+
+The statistics are counted on the device during the steps; they must equal what an
+independent model of a run says (the reference rule for the scale, plain Python for the
+counts), with one optimizer or several, across a state_dict or checkpoint resume. The
+stuck policy must fire exactly where API.md says, reading the device once per check.
+"""
+
+import math
+import warnings
+
+import paddle
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from paddle_amp_scaler import (
+    AmpScaler,
+    GradScaler,
+    LossScaleStuckError,
+    ScalerStats,
+    load_checkpoint,
+    save_checkpoint,
+)
+from paddle_amp_scaler.testing import HostReadCounter
+
+from reference_rule import ReferenceScaler
+
+
+class Run:
+    """A one-parameter model whose gradient each iteration sets directly: fast enough
+    for the hundreds of iterations the stuck policy needs."""
+
+    def __init__(self, scaler, optimizers=1):
+        self.scaler = scaler
+        self.params = [paddle.create_parameter([4], "float32") for _ in range(optimizers)]
+        self.optimizers = [
+            paddle.optimizer.SGD(learning_rate=0.1, parameters=[param]) for param in self.params
+        ]
+
+    def iteration(self, overflow, which=0):
+        """One iteration; ``overflow`` writes inf into optimizer ``which``'s gradient."""
+        for index, param in enumerate(self.params):
+            bad = overflow and index == which
+            param.grad = paddle.full([4], math.inf if bad else 1.0)
+        if isinstance(self.scaler, GradScaler):
+            for optimizer in self.optimizers:
+                self.scaler.step(optimizer)
+            self.scaler.update()
+        else:
+            # Paddle asserts a Tensor loss; the gradients are already in place.
+            self.scaler.minimize(self.optimizers[0], paddle.zeros([1]))
+        for optimizer in self.optimizers:
+            optimizer.clear_grad()
+
+
+def expected_stats(overflows, **rule):
+    """What API.md says the counts are after the run ``overflows``."""
+    reference = ReferenceScaler(**rule)
+    skipped = [index + 1 for index, overflow in enumerate(overflows) if overflow]
+    streak = 0
+    for overflow in overflows:
+        reference.update(overflow)
+        streak = streak + 1 if overflow else 0
+    return ScalerStats(
+        iterations=len(overflows),
+        skipped=len(skipped),
+        skip_streak=streak,
+        last_skipped=skipped[-1] if skipped else None,
+        growths=reference.growths,
+        backoffs=reference.backoffs,
+        scale=float(reference.scale),
+    )
+
+
+RULE = dict(scale=2.0**4, incr_every_n_steps=2, decr_every_n_nan_or_inf=2)
+
+
+def scaler_for(rule, kind=GradScaler, **options):
+    return kind(
+        init_loss_scaling=rule["scale"],
+        incr_every_n_steps=rule["incr_every_n_steps"],
+        decr_every_n_nan_or_inf=rule["decr_every_n_nan_or_inf"],
+        use_dynamic_loss_scaling=rule.get("dynamic", True),
+        **options,
+    )
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    overflows=st.lists(st.booleans(), max_size=16),
+    incr=st.integers(1, 3),
+    decr=st.integers(1, 3),
+    dynamic=st.booleans(),
+)
+def test_stats_follow_the_run(overflows, incr, decr, dynamic):
+    # From 2.0 the floor is reached, and back-offs held there count.
+    rule = dict(scale=2.0, incr_every_n_steps=incr, decr_every_n_nan_or_inf=decr, dynamic=dynamic)
+    run = Run(scaler_for(rule))
+    for overflow in overflows:
+        run.iteration(overflow)
+    assert run.scaler.stats() == expected_stats(overflows, **rule)
+
+
+@pytest.mark.parametrize("kind", [GradScaler, AmpScaler])
+def test_two_optimizers_count_one_iteration(kind):
+    overflows = [False, True, True, False, False, True, False, False, False]
+    optimizers = 2 if kind is GradScaler else 1
+    run = Run(scaler_for(RULE, kind), optimizers=optimizers)
+    for step, overflow in enumerate(overflows):
+        run.iteration(overflow, which=step % optimizers)
+    assert run.scaler.stats() == expected_stats(overflows, **RULE)
+
+
+def test_last_step_skipped():
+    run = Run(scaler_for(RULE))
+    seen = [run.scaler.last_step_skipped()]
+    for overflow in (True, False, True, True):
+        run.iteration(overflow)
+        seen.append(run.scaler.last_step_skipped())
+    assert seen == [False, True, False, True, True]
+
+
+def test_stats_cost_one_read_and_steps_none():
+    run = Run(scaler_for(RULE))
+    counter = HostReadCounter()
+    with counter.counting():
+        for overflow in (True, False, False):
+            run.iteration(overflow)
+    assert counter.reads["scaler"] == 0, counter.where
+    with counter.counting():
+        run.scaler.stats()
+    assert counter.reads["scaler"] == 1, counter.where
+
+
+def test_a_disabled_scaler_reports_nothing():
+    scaler = GradScaler(enable=False)
+    Run(scaler).iteration(False)
+    assert scaler.stats() == ScalerStats(0, 0, 0, None, 0, 0, 1.0)
+    assert scaler.last_step_skipped() is False
+
+
+# -- resume -------------------------------------------------------------------------------
+
+OVERFLOWS = [False, True, True, False, False, False, True, False, True, True, False]
+
+
+@pytest.mark.parametrize("cut", [0, 2, 5, len(OVERFLOWS)])
+def test_a_resumed_run_continues_its_counts(cut):
+    first = Run(scaler_for(RULE))
+    for overflow in OVERFLOWS[:cut]:
+        first.iteration(overflow)
+    resumed = Run(GradScaler())
+    resumed.scaler.load_state_dict(first.scaler.state_dict())
+    for overflow in OVERFLOWS[cut:]:
+        resumed.iteration(overflow)
+    assert resumed.scaler.stats() == expected_stats(OVERFLOWS, **RULE)
+
+
+def test_a_checkpoint_resumes_the_counts(tmp_path):
+    first = Run(scaler_for(RULE))
+    for overflow in OVERFLOWS[:6]:
+        first.iteration(overflow)
+    path = tmp_path / "run.ckpt"
+    model = paddle.nn.Linear(2, 2)
+    save_checkpoint(path, model=model, optimizer=first.optimizers[0], scaler=first.scaler, step=6)
+    resumed = Run(GradScaler())
+    load_checkpoint(path, model=model, optimizer=resumed.optimizers[0], scaler=resumed.scaler)
+    for overflow in OVERFLOWS[6:]:
+        resumed.iteration(overflow)
+    assert resumed.scaler.stats() == expected_stats(OVERFLOWS, **RULE)
+
+
+def test_a_dict_without_stats_keeps_the_scalers_own():
+    run = Run(scaler_for(RULE))
+    for overflow in OVERFLOWS[:4]:
+        run.iteration(overflow)
+    before = run.scaler.stats()
+    state = run.scaler.state_dict()
+    del state["stats"]
+    run.scaler.load_state_dict(state)
+    assert run.scaler.stats() == before
+
+
+@pytest.mark.parametrize(
+    "stats",
+    [
+        {"iterations": 3, "skipped": 4, "skip_streak": 0, "last_skipped": 3},
+        {"iterations": 3, "skipped": 1, "skip_streak": 1, "last_skipped": 2},
+        {"iterations": 3, "skipped": 0, "skip_streak": 0, "last_skipped": 2},
+        {"iterations": 3, "skipped": 1, "skip_streak": 0, "last_skipped": 0},
+        {"iterations": -1, "skipped": 0, "skip_streak": 0, "last_skipped": 0},
+        {"iterations": 2.0, "skipped": 0, "skip_streak": 0, "last_skipped": 0},
+        {"iterations": 2, "skipped": 0, "skip_streak": 0},
+    ],
+)
+def test_impossible_stats_are_refused_unchanged(stats):
+    run = Run(scaler_for(RULE))
+    run.iteration(True)
+    before = run.scaler.stats()
+    state = run.scaler.state_dict()
+    state["stats"] = {"growths": 0, "backoffs": 0, **stats}
+    with pytest.raises(ValueError, match=r"state_dict\['stats'\]"):
+        run.scaler.load_state_dict(state)
+    assert run.scaler.stats() == before
+
+
+# -- the stuck policy -----------------------------------------------------------------
+
+
+def expected_firings(overflows, stuck_after):
+    """The iterations at which API.md says the policy fires."""
+    check_every = min(stuck_after, 100)
+    streak, firings = 0, []
+    for iteration, overflow in enumerate(overflows, start=1):
+        streak = streak + 1 if overflow else 0
+        if iteration % check_every == 0 and streak >= stuck_after:
+            firings.append(iteration)
+    return firings
+
+
+def streaks(*lengths, gap=3):
+    overflows = []
+    for length in lengths:
+        overflows += [True] * length + [False] * gap
+    return overflows
+
+
+@pytest.mark.parametrize(
+    ("stuck_after", "overflows"),
+    [
+        (1, streaks(1, 2, 0, 3)),
+        (3, streaks(2, 3, 7, 4)),
+        (5, streaks(4, 5, 6, 9, 13)),
+        (150, streaks(149, 150, 230)),
+    ],
+)
+def test_the_policy_fires_where_api_md_says(stuck_after, overflows):
+    fired = []
+    run = Run(GradScaler(stuck_after=stuck_after, on_stuck=lambda stats: fired.append(stats)))
+    for overflow in overflows:
+        run.iteration(overflow)
+    expected = expected_firings(overflows, stuck_after)
+    assert [stats.iterations for stats in fired] == expected
+    assert expected, "the schedule must make the policy fire"
+    assert all(stats.skip_streak >= stuck_after for stats in fired)
+
+
+def test_reads_once_per_check():
+    run = Run(GradScaler(stuck_after=4))
+    counter = HostReadCounter()
+    with counter.counting():
+        for _ in range(12):
+            run.iteration(False)
+    assert counter.reads["scaler"] == 3, counter.where
+
+
+def test_warn_once_per_streak():
+    run = Run(GradScaler(stuck_after=2))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for overflow in streaks(6, 5):
+            run.iteration(overflow)
+    stuck = [w for w in caught if issubclass(w.category, RuntimeWarning)]
+    assert len(stuck) == 2
+    assert "were all skipped" in str(stuck[0].message)
+
+
+@pytest.mark.parametrize("kind", [GradScaler, AmpScaler])
+def test_raise_leaves_a_consistent_resumable_scaler(kind):
+    run = Run(scaler_for(RULE, kind, stuck_after=2, on_stuck="raise"))
+    run.iteration(True)
+    with pytest.raises(LossScaleStuckError, match="last 2 iterations were all skipped"):
+        run.iteration(True)
+    # The iteration that raised was updated and ended: the next one runs as usual.
+    assert run.scaler.stats() == expected_stats([True, True], **RULE)
+    resumed = Run(scaler_for(RULE, kind))
+    resumed.scaler.load_state_dict(run.scaler.state_dict())
+    run.iteration(False)
+    resumed.iteration(False)
+    assert (
+        run.scaler.stats() == resumed.scaler.stats() == expected_stats([True, True, False], **RULE)
+    )
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "match"),
+    [
+        ({"stuck_after": 0}, ValueError, "stuck_after"),
+        ({"stuck_after": 1.5}, TypeError, "stuck_after"),
+        ({"stuck_after": True}, TypeError, "stuck_after"),
+        ({"on_stuck": "ignore"}, ValueError, "on_stuck"),
+    ],
+)
+def test_bad_policy_arguments(options, error, match):
+    with pytest.raises(error, match=match):
+        GradScaler(**options)
