@@ -1,0 +1,223 @@
+"""PyTorch's ``torch.amp.GradScaler``, by its names, over this package's ``GradScaler``.
+
+Code written for PyTorch ports by changing its import::
+
+    from paddle_amp_scaler.compat.torch import GradScaler
+
+    scaler = GradScaler()
+    for x, y in loader:
+        optimizer.clear_grad()
+        with paddle.amp.auto_cast():
+            loss = loss_fn(model(x), y)
+        scaler.scale(loss).backward()
+        scaler.unscale_(optimizer)          # optional: clip true gradients here
+        scaler.step(optimizer)
+        scaler.update()
+
+The update rule is PyTorch's: back off by ``backoff_factor`` on every overflow, grow by
+``growth_factor`` after ``growth_interval`` finite steps. What differs, from the core
+scaler: the scale never falls below 1.0, the scaler reads nothing back from the device
+during a step, and a Paddle optimizer reads its found-inf flag once per step (plain SGD
+not even that).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+import paddle
+from paddle import Tensor
+from paddle.amp.grad_scaler import OptimizerState
+
+from .. import nested, validation
+from ..scaler import GradScaler as _CoreGradScaler
+from ..state import parse_state_dict
+
+__all__ = ["GradScaler"]
+
+# PyTorch's device types by Paddle's names for them.
+_DEVICE_TYPES = {"cpu": "cpu", "cuda": "gpu", "gpu": "gpu", "xpu": "xpu"}
+_DEVICE = re.compile(r"^([a-z_]+)(?::(\d+))?$")
+
+
+class GradScaler(_CoreGradScaler):
+    """``torch.amp.GradScaler(device, init_scale, growth_factor, backoff_factor,
+    growth_interval, enabled)`` on Paddle.
+
+    ``device``: ``None`` (Paddle's current device) or a device string, PyTorch's or
+    Paddle's (``"cuda:1"`` and ``"gpu:1"`` are the same). As in PyTorch, a GPU device
+    in a Paddle without one gives a warning and a disabled scaler. Keyword-only options
+    are the core ``GradScaler``'s.
+    """
+
+    def __init__(
+        self,
+        device: str | None = None,
+        init_scale: float = 2.0**16,
+        growth_factor: float = 2.0,
+        backoff_factor: float = 0.5,
+        growth_interval: int = 2000,
+        enabled: bool = True,
+        **options: Any,
+    ) -> None:
+        place = _paddle_place(device)
+        # PyTorch's names in the messages; the core checks the same values again.
+        enabled = validation.check_bool(enabled, "enabled")
+        validation.check_scale(init_scale, "init_scale")
+        validation.check_incr_ratio(growth_factor, "growth_factor")
+        validation.check_decr_ratio(backoff_factor, "backoff_factor")
+        validation.check_period(growth_interval, "growth_interval")
+        if enabled and place is not None and not _available(place):
+            warnings.warn(
+                f"GradScaler is enabled, but device {device!r} is not available to this "
+                "Paddle build; the scaler is disabled (is_enabled() is False)",
+                UserWarning,
+                stacklevel=2,
+            )
+            enabled, place = False, None
+        super().__init__(
+            enabled,
+            init_scale,
+            growth_factor,
+            backoff_factor,
+            growth_interval,
+            decr_every_n_nan_or_inf=1,
+            use_dynamic_loss_scaling=True,
+            place=place,
+            **options,
+        )
+
+    def scale(self, outputs: Any) -> Any:
+        """``outputs`` times the scale: a Tensor, or lists/tuples of them (same structure)."""
+        return nested.map_tensors(super().scale, outputs, nested.refuse_leaves("scale", "outputs"))
+
+    def step(self, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+        """``optimizer.step(*args, **kwargs)`` unless its gradients hold inf/nan; returns
+        what it returned (``None`` when skipped; Paddle's optimizers return ``None``)."""
+        if self._enable and "closure" in kwargs:
+            raise RuntimeError(
+                "step() does not take a closure while the scaler is enabled: compute the "
+                "loss, call scaler.scale(loss).backward(), then scaler.step(optimizer)"
+            )
+        return self._step(optimizer, functools.partial(optimizer.step, *args, **kwargs))
+
+    def update(self, new_scale: float | Tensor | None = None) -> None:
+        """End the iteration: update the scale from this iteration's steps, or set it to
+        ``new_scale`` (a float, or a one-element Tensor, copied on the device)."""
+        if new_scale is None:
+            super().update()
+            return
+        if not self._enable:
+            return
+        if isinstance(new_scale, Tensor):
+            if new_scale.size != 1 or not new_scale.is_floating_point():
+                raise ValueError(
+                    "new_scale must be a float or a one-element floating-point Tensor, got "
+                    f"a {new_scale.dtype} Tensor of shape {list(new_scale.shape)}"
+                )
+            paddle.assign(new_scale.detach().astype("float32").reshape([1]), output=self._scale)
+        else:
+            self._scale.fill_(validation.check_scale(new_scale, "new_scale"))
+        # The iteration still ends and is counted, with the given scale for the rule's.
+        if any(
+            state["state"] is OptimizerState.STEPPED for state in self._optimizer_states.values()
+        ):
+            self._finish_iteration(update_scale=False)
+        else:
+            self._start_new_iteration()
+
+    # -- PyTorch's getters and setters ---------------------------------------------------
+
+    def get_scale(self) -> float:
+        """The current scale (reads the device); 1.0 when disabled."""
+        return self.get_loss_scaling()
+
+    def get_growth_factor(self) -> float:
+        return self.get_incr_ratio()
+
+    def set_growth_factor(self, new_factor: float) -> None:
+        self._incr_ratio = validation.check_incr_ratio(new_factor, "new_factor")
+
+    def get_backoff_factor(self) -> float:
+        return self.get_decr_ratio()
+
+    def set_backoff_factor(self, new_factor: float) -> None:
+        self._decr_ratio = validation.check_decr_ratio(new_factor, "new_factor")
+
+    def get_growth_interval(self) -> int:
+        return self.get_incr_every_n_steps()
+
+    def set_growth_interval(self, new_interval: int) -> None:
+        validation.check_period(new_interval, "new_interval")
+        self.set_incr_every_n_steps(new_interval)
+
+    def is_enabled(self) -> bool:
+        return self.is_enable()
+
+    # -- state_dict ----------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """PyTorch's five keys as Python numbers (reads the device); ``{}`` when disabled."""
+        if not self._enable:
+            return {}
+        return {
+            "scale": self.get_loss_scaling(),
+            "growth_factor": self._incr_ratio,
+            "backoff_factor": self._decr_ratio,
+            "growth_interval": self._incr_every_n_steps,
+            "_growth_tracker": self.get_incr_count(),
+        }
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Load PyTorch's format or Paddle's; a Paddle dict must describe PyTorch's rule
+        (back off on every overflow, dynamic), or it is refused and nothing changes."""
+        if self._enable and isinstance(state_dict, Mapping) and state_dict:
+            loaded = parse_state_dict(state_dict)
+            if loaded.decr_every_n_nan_or_inf != 1 or not loaded.use_dynamic_loss_scaling:
+                raise ValueError(
+                    "state_dict describes a scaler that backs off after "
+                    f"{loaded.decr_every_n_nan_or_inf} overflows"
+                    f"{'' if loaded.use_dynamic_loss_scaling else ' with a fixed scale'}; "
+                    "this PyTorch-style GradScaler backs off on every overflow: load it "
+                    "into paddle_amp_scaler.GradScaler instead"
+                )
+        super().load_state_dict(state_dict)
+
+
+def _paddle_place(device: Any) -> str | None:
+    """Paddle's device string for a PyTorch or Paddle one; ValueError if unknown."""
+    if device is None:
+        return None
+    if not isinstance(device, str):
+        raise TypeError(f"device must be a string such as 'cuda' or 'cpu', got {device!r}")
+    match = _DEVICE.match(device.strip().lower())
+    kinds = dict(_DEVICE_TYPES, **{kind: kind for kind in _custom_device_types()})
+    if match is None or match.group(1) not in kinds:
+        raise ValueError(
+            f"device must be one of {sorted(kinds)}, optionally with ':index', got {device!r}"
+        )
+    kind, index = kinds[match.group(1)], match.group(2)
+    if kind == "cpu":
+        return "cpu"
+    return f"{kind}:{index}" if index is not None else kind
+
+
+def _custom_device_types() -> list[str]:
+    return list(paddle.device.get_all_custom_device_type() or [])
+
+
+def _available(place: str) -> bool:
+    kind = place.split(":")[0]
+    if kind == "cpu":
+        return True
+    if kind == "gpu":
+        return bool(paddle.device.is_compiled_with_cuda()) and (
+            paddle.device.cuda.device_count() > 0
+        )
+    if kind == "xpu":
+        return bool(paddle.device.is_compiled_with_xpu())
+    return kind in _custom_device_types()
