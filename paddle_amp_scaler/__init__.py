@@ -16,6 +16,7 @@ except ImportError as error:  # pragma: no cover - depends on the environment
 
 from .autocast import amp_guard, auto_cast, decorate
 from .checkpoint import CheckpointError, load_checkpoint, read_checkpoint, save_checkpoint
+from .loss_scale_optimizer import LossScaleOptimizer
 from .scaler import AmpScaler, GradScaler
 from .statistics import LossScaleStuckError, ScalerStats
 
@@ -25,6 +26,7 @@ __all__ = [
     "amp_guard",
     "auto_cast",
     "decorate",
+    "LossScaleOptimizer",
     "ScalerStats",
     "LossScaleStuckError",
     "save_checkpoint",

@@ -1,0 +1,270 @@
+"""TensorFlow/Keras' ``LossScaleOptimizer``: a Paddle optimizer that scales its own loss.
+
+``minimize(loss)`` does the whole iteration, as in TensorFlow: scale the loss, run its
+backward, unscale and check the gradients, step or skip, update the scale. The scaling
+itself is this package's ``GradScaler``: the same rule, kernels and promises.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from paddle import Tensor
+
+from . import kernels, optimizers, validation
+from .scaler import AmpScaler, GradScaler
+from .state import parse_state_dict
+
+__all__ = ["LossScaleOptimizer"]
+
+# TensorFlow's defaults for a dynamic loss scale.
+_DEFAULT_INITIAL_SCALE = 2.0**15
+_DEFAULT_GROWTH_STEPS = 2000
+# The key under which state_dict() carries the scaler's state beside the optimizer's.
+SCALER_STATE_KEY = "LossScaleOptimizer.scaler"
+_DELEGATED = ("clear_grad", "get_lr", "set_lr", "set_lr_scheduler", "state_dict", "set_state_dict")
+
+
+class LossScaleOptimizer:
+    """Wraps a Paddle optimizer so that ``minimize(loss)`` applies dynamic loss scaling.
+
+    ``dynamic=True``: the scale starts at ``initial_scale`` (default 2**15), doubles
+    after ``dynamic_growth_steps`` (default 2000) finite steps and halves on every
+    overflow, never below 1. ``dynamic=False``: ``initial_scale`` is the fixed scale.
+    ``scaler=``: use this ``AmpScaler``/``GradScaler`` instead of the TF arguments.
+
+    Only ``clear_grad``, ``get_lr``, ``set_lr``, ``set_lr_scheduler``, ``state_dict`` and
+    ``set_state_dict`` are delegated; everything else is on ``inner_optimizer``.
+    """
+
+    def __init__(
+        self,
+        inner_optimizer: Any,
+        dynamic: bool = True,
+        initial_scale: float | None = None,
+        dynamic_growth_steps: int | None = None,
+        *,
+        scaler: AmpScaler | None = None,
+        **optimizer_arguments: Any,
+    ) -> None:
+        if optimizer_arguments:
+            name = next(iter(optimizer_arguments))
+            raise TypeError(
+                f"LossScaleOptimizer does not take {name!r}; set it on the inner optimizer "
+                f"instead: {type(inner_optimizer).__name__}(..., {name}=...)"
+            )
+        if isinstance(inner_optimizer, LossScaleOptimizer):
+            raise TypeError(
+                "LossScaleOptimizer cannot wrap another LossScaleOptimizer; wrap its "
+                "inner_optimizer instead"
+            )
+        if not callable(getattr(inner_optimizer, "step", None)):
+            raise TypeError(
+                "inner_optimizer must be a paddle.optimizer.Optimizer, got "
+                f"{type(inner_optimizer).__name__}"
+            )
+        optimizers.parameters_of(inner_optimizer)  # refuses an optimizer with no parameters
+        if not isinstance(dynamic, bool):
+            raise TypeError(f"dynamic must be a bool, got {dynamic!r} ({type(dynamic).__name__})")
+        if scaler is not None:
+            if not isinstance(scaler, AmpScaler):
+                raise TypeError(
+                    "scaler must be a paddle_amp_scaler AmpScaler or GradScaler, got "
+                    f"{type(scaler).__name__}"
+                )
+            if not dynamic or initial_scale is not None or dynamic_growth_steps is not None:
+                raise ValueError(
+                    "give either scaler= or the TensorFlow arguments (dynamic, "
+                    "initial_scale, dynamic_growth_steps), not both"
+                )
+        else:
+            scaler = _scaler_for(dynamic, initial_scale, dynamic_growth_steps)
+        self._inner = inner_optimizer
+        self._scaler = scaler
+
+    # -- what TensorFlow users read ------------------------------------------------------
+
+    @property
+    def inner_optimizer(self) -> Any:
+        return self._inner
+
+    @property
+    def scaler(self) -> AmpScaler:
+        return self._scaler
+
+    @property
+    def loss_scale(self) -> Tensor:
+        """The current scale, a float32 0-d Tensor (a copy; no read)."""
+        return self._scaler._scale.reshape([]).clone()
+
+    @property
+    def dynamic(self) -> bool:
+        return self._scaler.is_use_dynamic_loss_scaling()
+
+    @property
+    def initial_scale(self) -> float:
+        return self._scaler.get_init_loss_scaling()
+
+    @property
+    def dynamic_growth_steps(self) -> int | None:
+        return self._scaler.get_incr_every_n_steps() if self.dynamic else None
+
+    @property
+    def dynamic_counter(self) -> int | None:
+        """Finite steps since the scale last changed (reads the device); None when fixed."""
+        return self._scaler.get_incr_count() if self.dynamic else None
+
+    # -- the iteration -------------------------------------------------------------------
+
+    def minimize(
+        self, loss: Tensor | Callable[[], Tensor], parameters: Any = None, no_grad_set: Any = None
+    ) -> Any:
+        """Scale ``loss`` (a Tensor, or a callable returning one), run its backward, then
+        unscale, check, step or skip, and update the scale. Does not clear gradients.
+
+        Returns what the inner ``minimize`` returned; ``(None, None)`` when skipped
+        without calling it.
+        """
+        if callable(loss) and not isinstance(loss, Tensor):
+            loss = loss()
+        if not isinstance(loss, Tensor):
+            raise TypeError(
+                f"loss must be a Tensor or a callable returning one, got {type(loss).__name__}"
+            )
+        self._scaler.scale(loss).backward()
+        return self._scaler._step_and_update(
+            self._inner,
+            lambda: self._inner.minimize(loss, parameters=parameters, no_grad_set=no_grad_set),
+            skipped=(None, None),
+        )
+
+    def step(self) -> None:
+        """Unscale, check, step or skip, and update the scale, after
+        ``get_scaled_loss(loss).backward()``."""
+        self._scaler._step_and_update(self._inner, self._inner.step)
+
+    def get_scaled_loss(self, loss: Tensor | Callable[[], Tensor]) -> Any:
+        """``loss`` times the scale; for a callable, a callable that returns that."""
+        if isinstance(loss, Tensor):
+            return self._scaler.scale(loss)
+        if callable(loss):
+            return lambda: self._scaler.scale(loss())
+        raise TypeError(
+            f"loss must be a Tensor or a callable returning one, got {type(loss).__name__}"
+        )
+
+    def get_unscaled_gradients(self, grads: Iterable[Tensor | None]) -> list[Tensor | None]:
+        """A new list: each gradient divided by the scale, ``None`` kept as ``None``."""
+        if isinstance(grads, Tensor) or not isinstance(grads, Iterable):
+            raise TypeError(
+                f"grads must be a list of Tensors (or None), got {type(grads).__name__}"
+            )
+        if not self._scaler.is_enable():
+            return list(grads)
+        scale = self._scaler._scale
+        return [None if grad is None else kernels.unscaled(_tensor(grad), scale) for grad in grads]
+
+    def apply_gradients(self, grads_and_vars: Iterable[tuple[Tensor | None, Tensor]]) -> Any:
+        """Apply unscaled gradients, TensorFlow-ordered ``(grad, param)`` pairs: check
+        them, step (the inner optimizer's ``apply_gradients``) or skip, update the scale.
+
+        Pairs whose gradient is None are left out. On a skipped step with plain SGD the
+        given gradients are set to zero (the skip that needs no device read).
+        """
+        pairs = [_pair(item) for item in grads_and_vars]
+        pairs = [(grad, param) for grad, param in pairs if grad is not None]
+        if self._scaler.is_enable():
+            self._scaler._check_given_gradients(self._inner, [grad for grad, _ in pairs])
+        return self._scaler._step_and_update(
+            self._inner,
+            lambda: self._inner.apply_gradients([(param, grad) for grad, param in pairs]),
+        )
+
+    # -- explicit delegation -------------------------------------------------------------
+
+    def clear_grad(self, set_to_zero: bool = True) -> None:
+        self._inner.clear_grad(set_to_zero)
+
+    def get_lr(self) -> float:
+        return float(self._inner.get_lr())
+
+    def set_lr(self, value: float) -> None:
+        self._inner.set_lr(value)
+
+    def set_lr_scheduler(self, scheduler: Any) -> None:
+        self._inner.set_lr_scheduler(scheduler)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The inner optimizer's state dict, with the scaler's under one more key."""
+        return {**self._inner.state_dict(), SCALER_STATE_KEY: self._scaler.state_dict()}
+
+    def set_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Load a ``state_dict()`` of this class (or a plain optimizer's, which leaves the
+        scaler as it is). The scaler's part is checked before anything is loaded."""
+        if not isinstance(state_dict, Mapping):
+            raise TypeError(f"state_dict must be a dict, got {type(state_dict).__name__}")
+        inner_state = dict(state_dict)
+        scaler_state = inner_state.pop(SCALER_STATE_KEY, None)
+        if scaler_state is not None and self._scaler.is_enable():
+            if not scaler_state:
+                raise RuntimeError(
+                    f"state_dict[{SCALER_STATE_KEY!r}] is empty, which is what a disabled "
+                    "scaler saves; load it into a LossScaleOptimizer with a disabled scaler"
+                )
+            parse_state_dict(scaler_state)
+        self._inner.set_state_dict(inner_state)
+        if scaler_state is not None:
+            self._scaler.load_state_dict(scaler_state)
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for names this class does not define.
+        if name.startswith("__") or name in ("_inner", "_scaler"):
+            raise AttributeError(name)
+        raise AttributeError(
+            f"LossScaleOptimizer has no attribute {name!r}: it delegates only "
+            f"{', '.join(_DELEGATED)}; use .inner_optimizer.{name} on the "
+            f"{type(self._inner).__name__} it wraps"
+        )
+
+    def __repr__(self) -> str:
+        return f"LossScaleOptimizer({self._inner!r}, scaler={type(self._scaler).__name__})"
+
+
+def _scaler_for(
+    dynamic: bool, initial_scale: float | None, dynamic_growth_steps: int | None
+) -> GradScaler:
+    if not dynamic:
+        if initial_scale is None:
+            raise ValueError("initial_scale is required when dynamic=False: it is the fixed scale")
+        if dynamic_growth_steps is not None:
+            raise ValueError(
+                "dynamic_growth_steps must be None when dynamic=False, got "
+                f"{dynamic_growth_steps!r}"
+            )
+        scale = validation.check_scale(initial_scale, "initial_scale")
+        return GradScaler(init_loss_scaling=scale, use_dynamic_loss_scaling=False)
+    scale = _DEFAULT_INITIAL_SCALE if initial_scale is None else initial_scale
+    steps = _DEFAULT_GROWTH_STEPS if dynamic_growth_steps is None else dynamic_growth_steps
+    return GradScaler(
+        init_loss_scaling=validation.check_scale(scale, "initial_scale"),
+        incr_ratio=2.0,
+        decr_ratio=0.5,
+        incr_every_n_steps=validation.check_period(steps, "dynamic_growth_steps"),
+        decr_every_n_nan_or_inf=1,
+    )
+
+
+def _tensor(grad: Any) -> Tensor:
+    if not isinstance(grad, Tensor):
+        raise TypeError(f"each gradient must be a Tensor or None, got {type(grad).__name__}")
+    return grad
+
+
+def _pair(item: Any) -> tuple[Tensor | None, Tensor]:
+    if not (isinstance(item, (tuple, list)) and len(item) == 2):
+        raise TypeError(f"grads_and_vars must hold (grad, param) pairs, got {item!r}")
+    grad, param = item
+    if not isinstance(param, Tensor):
+        raise TypeError(f"the second item of each pair must be a parameter, got {param!r}")
+    return (None if grad is None else _tensor(grad)), param
