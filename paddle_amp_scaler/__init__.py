@@ -14,7 +14,7 @@ except ImportError as error:  # pragma: no cover - depends on the environment
         "`pip install 'paddle-amp-scaler[gpu]'` (GPU build)."
     ) from error
 
-from .autocast import amp_guard, auto_cast, decorate
+from .autocast import amp_guard, auto_cast, custom_bwd, custom_fwd, decorate
 from .checkpoint import CheckpointError, load_checkpoint, read_checkpoint, save_checkpoint
 from .loss_scale_optimizer import LossScaleOptimizer
 from .scaler import AmpScaler, GradScaler
@@ -26,6 +26,8 @@ __all__ = [
     "amp_guard",
     "auto_cast",
     "decorate",
+    "custom_fwd",
+    "custom_bwd",
     "LossScaleOptimizer",
     "ScalerStats",
     "LossScaleStuckError",

@@ -1,9 +1,199 @@
-"""Paddle's autocast helpers, under the names that fluid-era code imports.
+"""Autocast: Paddle's own helpers, and ``custom_fwd``/``custom_bwd`` for custom PyLayers.
 
-They are Paddle's own functions, so signatures and behaviour are Paddle's: code written
-against ``fluid.dygraph.amp_guard`` runs with only its import changed.
+``amp_guard``, ``auto_cast`` and ``decorate`` are Paddle's functions under the names
+that fluid-era code imports: signatures and behaviour are Paddle's.
+
+``custom_fwd``/``custom_bwd`` are what PyTorch offers for ``autograd.Function`` and
+Paddle lacks for ``paddle.autograd.PyLayer``. Paddle runs a PyLayer's backward under
+whatever autocast state is current when ``backward()`` is called (usually none), not
+the state its forward ran under; these decorators record the one and restore it.
 """
 
-from paddle.amp import amp_guard, auto_cast, decorate
+from __future__ import annotations
 
-__all__ = ["amp_guard", "auto_cast", "decorate"]
+import contextlib
+import dataclasses
+import functools
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import paddle
+from paddle import Tensor
+from paddle.amp import amp_guard, auto_cast, decorate
+from paddle.base import core
+from paddle.base.framework import _dygraph_tracer
+
+from . import nested
+
+__all__ = ["amp_guard", "auto_cast", "custom_bwd", "custom_fwd", "decorate"]
+
+_Function = TypeVar("_Function", bound=Callable[..., Any])
+# Where custom_fwd leaves its record on the PyLayer's context for custom_bwd.
+_STATE_ATTR = "_paddle_amp_scaler_autocast"
+_DTYPES_ATTR = "_paddle_amp_scaler_input_dtypes"
+_CASTABLE = (paddle.float16, paddle.bfloat16, paddle.float32)
+# What custom_fwd records when it ran with no dygraph tracer (under paddle.jit.to_static).
+_NO_TRACER = object()
+
+
+@dataclasses.dataclass(frozen=True)
+class AutocastState:
+    """Everything Paddle's autocast is: the tracer's level, dtype, op lists, promotion."""
+
+    level: Any
+    dtype: str
+    white_list: frozenset[str]
+    black_list: frozenset[str]
+    use_promote: bool
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.level != core.AmpLevel.O0)
+
+    @classmethod
+    def current(cls) -> AutocastState | None:
+        """The dygraph state; None while ``paddle.jit.to_static`` builds a program (no
+        tracer then: the program's own AMP passes decide the casts)."""
+        tracer = _dygraph_tracer()
+        if tracer is None:
+            return None
+        white, black = tracer._get_amp_op_list()
+        return cls(
+            tracer._amp_level,
+            tracer._amp_dtype,
+            frozenset(white),
+            frozenset(black),
+            tracer._use_promote,
+        )
+
+    def disabled(self) -> AutocastState:
+        return dataclasses.replace(self, level=core.AmpLevel.O0, dtype="float32")
+
+    @contextlib.contextmanager
+    def entered(self) -> Iterator[None]:
+        """Run under this state; the state that was current comes back on exit."""
+        previous = AutocastState.current()
+        if previous is None:  # no tracer: nothing to enter
+            yield
+            return
+        self._install()
+        try:
+            yield
+        finally:
+            previous._install()
+
+    def _install(self) -> None:
+        # The fields auto_cast itself sets and restores, set directly: auto_cast would
+        # refuse to enable on a CPU place and re-derive the lists from its arguments.
+        tracer = _dygraph_tracer()
+        tracer._amp_level = self.level
+        tracer._amp_dtype = self.dtype
+        tracer._set_amp_op_list(set(self.white_list), set(self.black_list))
+        tracer._use_promote = self.use_promote
+
+
+def custom_fwd(
+    forward: _Function | None = None, *, cast_inputs: Any = None, device_type: str | None = None
+) -> Any:
+    """Decorate a PyLayer's ``forward`` (below ``@staticmethod``), bare or called.
+
+    Forward runs under the autocast state of its call, which is recorded for
+    ``custom_bwd``. With ``cast_inputs=dtype``, inside an enabled ``auto_cast``, its
+    floating-point Tensor arguments (float64 excepted, also inside lists, tuples and
+    dicts) are cast to ``dtype`` and forward and backward run with autocast off;
+    outside ``auto_cast`` nothing is cast. ``device_type`` is accepted for code written
+    for ``torch.amp``: Paddle has one autocast state for every device.
+    """
+    cast_dtype = None if cast_inputs is None else _floating_dtype(cast_inputs)
+    if device_type is not None and not isinstance(device_type, str):
+        raise TypeError(f"device_type must be a string such as 'gpu', got {device_type!r}")
+    if forward is None:
+        return functools.partial(custom_fwd, cast_inputs=cast_inputs, device_type=device_type)
+    if not callable(forward):
+        raise TypeError(f"custom_fwd decorates a forward function, got {forward!r}")
+
+    @functools.wraps(forward)
+    def forward_under_recorded_autocast(ctx: Any, *args: Any, **kwargs: Any) -> Any:
+        state = AutocastState.current()
+        if state is None:
+            setattr(ctx, _STATE_ATTR, _NO_TRACER)
+            setattr(ctx, _DTYPES_ATTR, None)
+            return forward(ctx, *args, **kwargs)
+        if cast_dtype is None or not state.enabled:
+            setattr(ctx, _STATE_ATTR, state)
+            setattr(ctx, _DTYPES_ATTR, None)
+            return forward(ctx, *args, **kwargs)
+        setattr(ctx, _STATE_ATTR, state.disabled())
+        # Paddle hands backward's results to the inputs as they are: remember the
+        # inputs' dtypes so that custom_bwd can give each gradient its input's dtype.
+        setattr(ctx, _DTYPES_ATTR, _gradient_slots([*args, *kwargs.values()]))
+
+        def cast(tensor: Tensor) -> Tensor:
+            return tensor.astype(cast_dtype) if tensor.dtype in _CASTABLE else tensor
+
+        args = nested.map_tensors(cast, args)
+        kwargs = nested.map_tensors(cast, kwargs)
+        with state.disabled().entered():
+            return forward(ctx, *args, **kwargs)
+
+    return forward_under_recorded_autocast
+
+
+def custom_bwd(backward: _Function) -> _Function:
+    """Decorate a PyLayer's ``backward`` (below ``@staticmethod``) whose forward has
+    ``@custom_fwd``: backward runs under the autocast state forward recorded."""
+    if not callable(backward):
+        raise TypeError(f"custom_bwd decorates a backward function, got {backward!r}")
+
+    @functools.wraps(backward)
+    def backward_under_recorded_autocast(ctx: Any, *grads: Any) -> Any:
+        state = getattr(ctx, _STATE_ATTR, None)
+        if state is None:
+            raise RuntimeError(
+                f"custom_bwd on {backward.__qualname__}: its forward was not decorated with "
+                "custom_fwd, which records the autocast state for backward; add @custom_fwd "
+                "to the forward of the same PyLayer"
+            )
+        if state is _NO_TRACER:
+            return backward(ctx, *grads)
+        with state.entered():
+            result = backward(ctx, *grads)
+        dtypes = getattr(ctx, _DTYPES_ATTR)
+        if dtypes is None:
+            return result
+        if isinstance(result, tuple):
+            return tuple(_as_dtypes(grad, slot) for grad, slot in zip(result, dtypes))
+        return _as_dtypes(result, dtypes[0])
+
+    return backward_under_recorded_autocast  # type: ignore[return-value]
+
+
+def _floating_dtype(value: Any) -> Any:
+    by_name = {"float16": paddle.float16, "bfloat16": paddle.bfloat16, "float32": paddle.float32}
+    dtype = by_name.get(value, value) if isinstance(value, str) else value
+    if dtype not in _CASTABLE:
+        raise ValueError(
+            f"cast_inputs must be a floating-point dtype (paddle.float16, paddle.bfloat16 "
+            f"or paddle.float32), got {value!r}"
+        )
+    return dtype
+
+
+def _gradient_slots(arguments: list[Any]) -> list[Any]:
+    """The dtype of each argument that gets a gradient slot in PyLayer's backward: a
+    Tensor's dtype, or for a list/tuple holding Tensors the list of their dtypes."""
+    slots: list[Any] = []
+    for argument in arguments:
+        if isinstance(argument, Tensor):
+            slots.append(argument.dtype)
+        elif isinstance(argument, (list, tuple)) and nested.tensors_in(argument):
+            slots.append([item.dtype if isinstance(item, Tensor) else None for item in argument])
+    return slots
+
+
+def _as_dtypes(grad: Any, slot: Any) -> Any:
+    if isinstance(slot, list) and isinstance(grad, (list, tuple)):
+        return type(grad)(_as_dtypes(item, dtype) for item, dtype in zip(grad, slot))
+    if isinstance(grad, Tensor) and slot is not None and grad.dtype != slot:
+        return grad.astype(slot)
+    return grad
