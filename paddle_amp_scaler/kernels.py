@@ -37,6 +37,7 @@ GradGroups = dict[Any, list[Tensor]]
 
 PADDLE_PATH, FUSED_CPU_PATH = "paddle", "fused-cpu"
 _FUSED_DTYPES = (paddle.float32, paddle.float64)
+_CHECKED_DTYPES = (paddle.float16, paddle.bfloat16, paddle.float32, paddle.float64)
 _forced_path: str | None = None
 
 
@@ -67,6 +68,18 @@ def _gradient_of(param: Tensor) -> Tensor | None:
 
 def _scale_for(dtype: Any, scale: Tensor) -> Tensor:
     return scale.astype(paddle.float64) if dtype == paddle.float64 else scale
+
+
+def scaled(tensor: Tensor, scale: Tensor) -> Tensor:
+    """A new tensor holding ``tensor * scale``: float64 for float64, else float32 (a
+    float16 loss times a large scale would overflow in float16)."""
+    # A 0-d factor keeps a 0-d loss 0-d.
+    factor = scale.reshape([])
+    if tensor.dtype == paddle.float64:
+        return tensor * factor.astype(paddle.float64)
+    if tensor.dtype != paddle.float32:
+        tensor = tensor.astype(paddle.float32)
+    return tensor * factor
 
 
 def unscaled(tensor: Tensor, scale: Tensor) -> Tensor:
@@ -107,14 +120,29 @@ def unscale_and_check_(grads: GradGroups, scale: Tensor, all_finite: Tensor) -> 
 def all_finite(tensors: Iterable[Tensor]) -> Tensor:
     """A bool [1] tensor: no inf/nan in ``tensors``, decided on the device.
 
-    It runs the unscale kernel with a scale of exactly 1 (one launch per dtype, however
-    many tensors), which writes every value back unchanged, in place.
+    Where the unscale kernel takes the dtype it runs with a scale of exactly 1 (one
+    launch per dtype, however many tensors), which writes every value back unchanged, in
+    place; elsewhere (float16 and bfloat16 on a CPU) each tensor is tested on its own.
+    Integer and bool tensors are always finite.
     """
     groups = grads_by_dtype_of(tensors)
+    kernel_groups = {dtype: group for dtype, group in groups.items() if dtype in _CHECKED_DTYPES}
     found = unscale_and_check_(
-        groups, paddle.ones([1], dtype=paddle.float32), paddle.zeros([1], dtype=paddle.bool)
+        {dtype: group for dtype, group in kernel_groups.items() if _kernel_takes(group[0])},
+        paddle.ones([1], dtype=paddle.float32),
+        paddle.zeros([1], dtype=paddle.bool),
     )
-    return paddle.logical_not(found)
+    finite = paddle.logical_not(found)
+    for group in kernel_groups.values():
+        if not _kernel_takes(group[0]):
+            for tensor in group:
+                finite = paddle.logical_and(finite, paddle.isfinite(tensor).all().reshape([1]))
+    return finite
+
+
+def _kernel_takes(tensor: Tensor) -> bool:
+    # Paddle's CPU build registers check_finite_and_unscale for float32/float64 only.
+    return tensor.dtype in _FUSED_DTYPES or not _on_cpu(tensor.place)
 
 
 def unscale_paths() -> list[str]:
@@ -125,11 +153,14 @@ def unscale_paths() -> list[str]:
 def default_unscale_path(place: Any = None) -> str:
     """The implementation used for gradients on ``place`` (default: Paddle's current)."""
     place = place or paddle.framework._current_expected_place()
+    return FUSED_CPU_PATH if _on_cpu(place) and fused_cpu.load() is not None else PADDLE_PATH
+
+
+def _on_cpu(place: Any) -> bool:
     # Paddle 2.6's expected place is a CPUPlace, which has no is_cpu_place().
-    on_cpu = isinstance(place, paddle.CPUPlace) or (
-        hasattr(place, "is_cpu_place") and place.is_cpu_place()
+    return isinstance(place, paddle.CPUPlace) or (
+        hasattr(place, "is_cpu_place") and bool(place.is_cpu_place())
     )
-    return FUSED_CPU_PATH if on_cpu and fused_cpu.load() is not None else PADDLE_PATH
 
 
 @contextlib.contextmanager

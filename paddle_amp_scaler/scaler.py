@@ -119,13 +119,7 @@ class AmpScaler:
         self._switch_off_for_bfloat16()
         if not self._enable or not var._is_initialized():
             return var
-        # A 0-d factor keeps a 0-d loss 0-d.
-        factor = self._scale.reshape([])
-        if var.dtype == paddle.float64:
-            return var * factor.astype(paddle.float64)
-        if var.dtype != paddle.float32:
-            var = var.astype(paddle.float32)
-        return var * factor
+        return kernels.scaled(var, self._scale)
 
     def unscale_(self, optimizer: Any) -> None:
         """Divide the optimizer's gradients by the scale in place and check them for inf/nan.

@@ -1,0 +1,232 @@
+"""MindSpore's loss-scale managers and ``mindspore.amp`` functions, over this package's scaler.
+
+Managers, for loops built around a loss-scale policy::
+
+    manager = DynamicLossScaleManager(init_loss_scale=2**16, scale_factor=2, scale_window=50)
+    scaler = manager.get_update_cell()      # a GradScaler applying the manager's policy
+
+The functional API, for loops written with ``paddle.grad``::
+
+    loss_scaler = DynamicLossScaler(scale_value=2**10, scale_factor=2, scale_window=50)
+    grads = paddle.grad(loss_scaler.scale(loss), params)
+    grads = loss_scaler.unscale(grads)
+    finite = all_finite(grads)
+    ...
+    loss_scaler.adjust(finite)
+
+The update rule is MindSpore's: divide by ``scale_factor`` on every overflow (never
+below 1), multiply after ``scale_window`` finite steps. It runs on the device, through
+the same kernel as every scaler of this package: a back-off multiplies by
+``1 / scale_factor``, which equals MindSpore's division for the usual powers of two.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import paddle
+from paddle import Tensor
+
+from .. import kernels, nested, validation
+from ..scaler import GradScaler
+
+__all__ = [
+    "DynamicLossScaleManager",
+    "DynamicLossScaler",
+    "FixedLossScaleManager",
+    "StaticLossScaler",
+    "all_finite",
+]
+
+# MindSpore's DynamicLossScaleManager gives up after this many consecutive overflows.
+MAX_CONSECUTIVE_OVERFLOWS = 1000
+
+
+class FixedLossScaleManager:
+    """``mindspore.FixedLossScaleManager``: one scale for the whole run."""
+
+    def __init__(self, loss_scale: float = 128.0, drop_overflow_update: bool = True) -> None:
+        self._loss_scale = _at_least_one(loss_scale, "loss_scale")
+        self._drop_overflow_update = validation.check_bool(
+            drop_overflow_update, "drop_overflow_update"
+        )
+
+    def get_loss_scale(self) -> float:
+        return self._loss_scale
+
+    def get_drop_overflow_update(self) -> bool:
+        return self._drop_overflow_update
+
+    def update_loss_scale(self, overflow: bool) -> None:
+        """A fixed scale does not change."""
+        validation.check_bool(overflow, "overflow")
+
+    def get_update_cell(self) -> GradScaler | None:
+        """A ``GradScaler`` that keeps this scale and skips overflowing steps; ``None`` when
+        ``drop_overflow_update`` is False (as in MindSpore: then nothing is skipped)."""
+        if not self._drop_overflow_update:
+            return None
+        return GradScaler(init_loss_scaling=self._loss_scale, use_dynamic_loss_scaling=False)
+
+
+class DynamicLossScaleManager:
+    """``mindspore.DynamicLossScaleManager``: the scale adapts to overflows.
+
+    ``update_loss_scale(overflow)`` applies the rule for a loop that decides overflow
+    itself; ``get_update_cell()`` gives a ``GradScaler`` that applies it in the step.
+    """
+
+    def __init__(
+        self, init_loss_scale: float = 2.0**24, scale_factor: float = 2, scale_window: int = 2000
+    ) -> None:
+        init_loss_scale = _at_least_one(init_loss_scale, "init_loss_scale")
+        self._scale_window = validation.check_period(scale_window, "scale_window")
+        # MindSpore takes any positive factor; one at or below 1 would never back off.
+        self._scale_factor = validation.check_incr_ratio(scale_factor, "scale_factor")
+        self._scaler = self._new_scaler(init_loss_scale)
+        self._consecutive_overflows = 0
+
+    def get_loss_scale(self) -> float:
+        """The current scale (reads the device)."""
+        return self._scaler.get_loss_scaling()
+
+    def get_drop_overflow_update(self) -> bool:
+        return True
+
+    def update_loss_scale(self, overflow: bool) -> None:
+        """One iteration of the rule; ``RuntimeError`` after more than 1000 consecutive
+        overflows (the scale has then been updated for this one too)."""
+        overflow = validation.check_bool(overflow, "overflow")
+        self._scaler._update_scale(
+            paddle.full_like(self._scaler._scale, overflow, dtype=paddle.bool)
+        )
+        self._consecutive_overflows = self._consecutive_overflows + 1 if overflow else 0
+        if self._consecutive_overflows > MAX_CONSECUTIVE_OVERFLOWS:
+            raise RuntimeError(
+                f"dynamic loss scale: {self._consecutive_overflows} consecutive overflows, "
+                f"more than the {MAX_CONSECUTIVE_OVERFLOWS} allowed; the gradients are not "
+                "finite at any scale (check the model and the data for inf/nan)"
+            )
+
+    def get_update_cell(self) -> GradScaler:
+        """A new ``GradScaler`` applying this manager's policy from its current scale."""
+        return self._new_scaler(self.get_loss_scale())
+
+    def _new_scaler(self, init_loss_scale: float) -> GradScaler:
+        return GradScaler(
+            init_loss_scaling=init_loss_scale,
+            incr_ratio=self._scale_factor,
+            decr_ratio=1.0 / self._scale_factor,
+            incr_every_n_steps=self._scale_window,
+            decr_every_n_nan_or_inf=1,
+            # MindSpore gives up after 1000 consecutive overflows.
+            stuck_after=MAX_CONSECUTIVE_OVERFLOWS + 1,
+            on_stuck="raise",
+        )
+
+
+class _LossScaler:
+    """What both functional scalers do: scale, unscale, and show the scale."""
+
+    def __init__(self, scaler: GradScaler) -> None:
+        self._scaler = scaler
+
+    @property
+    def scale_value(self) -> Tensor:
+        """The current scale, a float32 0-d Tensor (a copy; no read)."""
+        return self._scaler._scale.reshape([]).clone()
+
+    def scale(self, inputs: Any) -> Any:
+        """``inputs`` times the scale: a Tensor or (nested) lists/tuples of them."""
+        # Straight to the kernel: MindSpore's scalers never switch themselves off (the
+        # core's scale() does under bfloat16 autocast), and unscale() must match.
+        scale = self._scaler._scale
+        return nested.map_tensors(
+            lambda tensor: kernels.scaled(tensor, scale),
+            inputs,
+            nested.refuse_leaves("scale", "inputs"),
+        )
+
+    def unscale(self, inputs: Any) -> Any:
+        """``inputs`` divided by the scale, as new Tensors in their own dtypes."""
+        scale = self._scaler._scale
+        return nested.map_tensors(
+            lambda tensor: kernels.unscaled(tensor, scale),
+            inputs,
+            nested.refuse_leaves("unscale", "inputs"),
+        )
+
+    def _finite_flag(self, grads_finite: Any) -> Tensor:
+        """``grads_finite`` as a bool [1] tensor beside the scale, without reading it."""
+        if isinstance(grads_finite, Tensor):
+            if grads_finite.dtype != paddle.bool or grads_finite.size != 1:
+                raise TypeError(
+                    "grads_finite must be a bool or a one-element bool Tensor (what "
+                    f"all_finite returns), got a {grads_finite.dtype} Tensor of shape "
+                    f"{list(grads_finite.shape)}"
+                )
+            return grads_finite.reshape([1])
+        finite = validation.check_bool(grads_finite, "grads_finite")
+        return paddle.full_like(self._scaler._scale, finite, dtype=paddle.bool)
+
+
+class StaticLossScaler(_LossScaler):
+    """``mindspore.amp.StaticLossScaler``: scale and unscale by a fixed value."""
+
+    def __init__(self, scale_value: float) -> None:
+        super().__init__(
+            GradScaler(
+                init_loss_scaling=_at_least_one(scale_value, "scale_value"),
+                use_dynamic_loss_scaling=False,
+            )
+        )
+
+    def adjust(self, grads_finite: Any) -> bool:
+        """A static scale does not change: returns False, as MindSpore's does."""
+        self._finite_flag(grads_finite)
+        return False
+
+
+class DynamicLossScaler(_LossScaler):
+    """``mindspore.amp.DynamicLossScaler``: the scale adapts, on the device."""
+
+    def __init__(self, scale_value: float, scale_factor: int, scale_window: int) -> None:
+        scale_window = validation.check_period(scale_window, "scale_window")
+        scale_factor = validation.check_period(scale_factor, "scale_factor")
+        if scale_factor < 2:
+            # MindSpore takes 1, which would never change the scale.
+            raise ValueError(f"scale_factor must be an int >= 2, got {scale_factor!r}")
+        super().__init__(
+            GradScaler(
+                init_loss_scaling=_at_least_one(scale_value, "scale_value"),
+                incr_ratio=float(scale_factor),
+                decr_ratio=1.0 / scale_factor,
+                incr_every_n_steps=scale_window,
+                decr_every_n_nan_or_inf=1,
+            )
+        )
+
+    @property
+    def counter(self) -> Tensor:
+        """Finite steps since the scale last changed, an int32 0-d Tensor (a copy)."""
+        return self._scaler._incr_count.reshape([]).clone()
+
+    def adjust(self, grads_finite: Any) -> bool:
+        """Update the scale from ``grads_finite`` (a bool Tensor or a bool), on the device:
+        grow after ``scale_window`` finite steps, back off on an overflow. Returns True."""
+        self._scaler._update_scale(paddle.logical_not(self._finite_flag(grads_finite)))
+        return True
+
+
+def all_finite(inputs: Any) -> Tensor:
+    """A bool 0-d Tensor: every element of every Tensor in ``inputs`` (a Tensor or
+    (nested) lists/tuples of them) is finite. Computed on the device, not read."""
+    tensors = nested.tensors_in(inputs, nested.refuse_leaves("all_finite", "inputs"))
+    return kernels.all_finite(tensors).reshape([])
+
+
+def _at_least_one(value: Any, name: str) -> float:
+    scale = validation.check_scale(value, name)
+    if scale < 1:
+        raise ValueError(f"{name} must be >= 1, got {value!r}")
+    return scale
