@@ -16,5 +16,7 @@ myst_enable_extensions = ["colon_fence"]
 myst_heading_anchors = 3
 autodoc_member_order = "bysource"
 autodoc_typehints = "description"
+# paddle_amp_scaler.compat.mindspore.DynamicLossScaleManager(...) would not wrap.
+add_module_names = False
 html_theme = "alabaster"
 html_title = "paddle-amp-scaler"

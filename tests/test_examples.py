@@ -17,6 +17,10 @@ PATTERNS = [
     "two_models",
     "o2_master_weights",
     "quickstart",
+    "torch_style",
+    "keras_style",
+    "mindspore_style",
+    "custom_pylayer",
 ]
 
 pytest.importorskip("sklearn")
