@@ -15,7 +15,7 @@ import contextlib
 import dataclasses
 import functools
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import Any
 
 import paddle
 from paddle import Tensor
@@ -27,7 +27,6 @@ from . import nested
 
 __all__ = ["amp_guard", "auto_cast", "custom_bwd", "custom_fwd", "decorate"]
 
-_Function = TypeVar("_Function", bound=Callable[..., Any])
 # Where custom_fwd leaves its record on the PyLayer's context for custom_bwd.
 _STATE_ATTR = "_paddle_amp_scaler_autocast"
 _DTYPES_ATTR = "_paddle_amp_scaler_input_dtypes"
@@ -93,7 +92,10 @@ class AutocastState:
 
 
 def custom_fwd(
-    forward: _Function | None = None, *, cast_inputs: Any = None, device_type: str | None = None
+    forward: Callable[..., Any] | None = None,
+    *,
+    cast_inputs: Any = None,
+    device_type: str | None = None,
 ) -> Any:
     """Decorate a PyLayer's ``forward`` (below ``@staticmethod``), bare or called.
 
@@ -105,8 +107,7 @@ def custom_fwd(
     for ``torch.amp``: Paddle has one autocast state for every device.
     """
     cast_dtype = None if cast_inputs is None else _floating_dtype(cast_inputs)
-    if device_type is not None and not isinstance(device_type, str):
-        raise TypeError(f"device_type must be a string such as 'gpu', got {device_type!r}")
+    _check_device_type(device_type)
     if forward is None:
         return functools.partial(custom_fwd, cast_inputs=cast_inputs, device_type=device_type)
     if not callable(forward):
@@ -117,16 +118,14 @@ def custom_fwd(
         state = AutocastState.current()
         if state is None:
             setattr(ctx, _STATE_ATTR, _NO_TRACER)
-            setattr(ctx, _DTYPES_ATTR, None)
             return forward(ctx, *args, **kwargs)
+        # Paddle 2.6 hands backward's results to the inputs as they are (PyTorch casts
+        # them): remember the inputs' dtypes, so custom_bwd can give each gradient its own.
+        setattr(ctx, _DTYPES_ATTR, _gradient_slots([*args, *kwargs.values()]))
         if cast_dtype is None or not state.enabled:
             setattr(ctx, _STATE_ATTR, state)
-            setattr(ctx, _DTYPES_ATTR, None)
             return forward(ctx, *args, **kwargs)
         setattr(ctx, _STATE_ATTR, state.disabled())
-        # Paddle hands backward's results to the inputs as they are: remember the
-        # inputs' dtypes so that custom_bwd can give each gradient its input's dtype.
-        setattr(ctx, _DTYPES_ATTR, _gradient_slots([*args, *kwargs.values()]))
 
         def cast(tensor: Tensor) -> Tensor:
             return tensor.astype(cast_dtype) if tensor.dtype in _CASTABLE else tensor
@@ -139,9 +138,16 @@ def custom_fwd(
     return forward_under_recorded_autocast
 
 
-def custom_bwd(backward: _Function) -> _Function:
-    """Decorate a PyLayer's ``backward`` (below ``@staticmethod``) whose forward has
-    ``@custom_fwd``: backward runs under the autocast state forward recorded."""
+def custom_bwd(
+    backward: Callable[..., Any] | None = None, *, device_type: str | None = None
+) -> Any:
+    """Decorate a PyLayer's ``backward`` (below ``@staticmethod``), bare or called, whose
+    forward has ``@custom_fwd``: backward runs under the autocast state forward recorded,
+    and each gradient it returns gets its input's dtype. ``device_type`` as for
+    ``custom_fwd``."""
+    _check_device_type(device_type)
+    if backward is None:
+        return functools.partial(custom_bwd, device_type=device_type)
     if not callable(backward):
         raise TypeError(f"custom_bwd decorates a backward function, got {backward!r}")
 
@@ -159,13 +165,16 @@ def custom_bwd(backward: _Function) -> _Function:
         with state.entered():
             result = backward(ctx, *grads)
         dtypes = getattr(ctx, _DTYPES_ATTR)
-        if dtypes is None:
-            return result
         if isinstance(result, tuple):
             return tuple(_as_dtypes(grad, slot) for grad, slot in zip(result, dtypes))
         return _as_dtypes(result, dtypes[0])
 
-    return backward_under_recorded_autocast  # type: ignore[return-value]
+    return backward_under_recorded_autocast
+
+
+def _check_device_type(device_type: Any) -> None:
+    if device_type is not None and not isinstance(device_type, str):
+        raise TypeError(f"device_type must be a string such as 'gpu', got {device_type!r}")
 
 
 def _floating_dtype(value: Any) -> Any:

@@ -52,14 +52,22 @@ class AmpScaler:
         else:
             decr_count = 0; incr_count += 1
             if incr_count == incr_every_n_steps:
-                scale *= incr_ratio  (unless that overflows float32); incr_count = 0
+                scale *= incr_ratio  # unless that overflows float32
+                incr_count = 0
 
     and a step with ``found`` set leaves parameters and optimizer state untouched.
 
     The scale, both counters and the found-inf flag are tensors on the device, updated
     there by Paddle's ``check_finite_and_unscale`` and ``update_loss_scaling`` kernels:
     ``scale``, ``unscale_``, ``minimize``, ``step`` and ``update`` never wait for the
-    device. The getters and ``state_dict`` read it back, which costs a device sync.
+    device. The getters, ``stats`` and ``state_dict`` read it back, a device sync.
+
+    Keyword-only options, after Paddle's arguments: ``place`` (where the scale and
+    counters live: a device string such as ``"gpu:1"`` or a Paddle place; default
+    Paddle's current device), ``stuck_after`` and ``on_stuck`` (when ``stuck_after``
+    consecutive iterations or more were skipped: ``"warn"`` once per streak, ``"raise"``
+    :class:`LossScaleStuckError`, or call a function with :meth:`stats`; the streak is
+    read once every ``min(stuck_after, 100)`` iterations, the only read in a step).
     """
 
     def __init__(

@@ -21,7 +21,8 @@ def emulate_fp16_grads(model: paddle.nn.Layer) -> list[Any]:
     one: each gradient is cast to float16 and back in a gradient hook. Values beyond
     float16's range (65504) become inf and tiny ones flush to zero, so overflow,
     skipped steps and back-off happen as they would on a GPU. Returns the hook handles
-    (call ``.remove()`` on each to undo).
+    (call ``.remove()`` on each to undo). Paddle runs these hooks in ``backward()``, not
+    in ``paddle.grad``: there, round the gradients yourself.
     """
     if not isinstance(model, paddle.nn.Layer):
         raise TypeError(f"model must be a paddle.nn.Layer, got {type(model).__name__}")

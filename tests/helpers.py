@@ -55,6 +55,16 @@ def train_step(
     finish_step(scaler, optimizer, api, scaled)
 
 
+def assert_arrays_equal(actual, expected):
+    """Two lists of arrays, or two dicts of them, equal bit for bit."""
+    if isinstance(expected, dict):
+        assert actual.keys() == expected.keys()
+        actual, expected = list(actual.values()), list(expected.values())
+    assert len(actual) == len(expected)
+    for got, want in zip(actual, expected):
+        np.testing.assert_array_equal(got, want)
+
+
 def params_of(model):
     return [p.numpy().copy() for p in model.parameters()]
 

@@ -40,7 +40,15 @@ from paddle_amp_scaler.compat.mindspore import (
 )
 from paddle_amp_scaler.testing import HostReadCounter
 
-from helpers import GradInjector, batches, loss_of, make_model, optimizer_state_of, params_of
+from helpers import (
+    GradInjector,
+    assert_arrays_equal,
+    batches,
+    loss_of,
+    make_model,
+    optimizer_state_of,
+    params_of,
+)
 
 # -- MindSpore's rules, as its sources state them ------------------------------------------
 
@@ -117,15 +125,6 @@ def sgd(model):
 
 def adam(model):
     return paddle.optimizer.Adam(learning_rate=0.01, parameters=model.parameters())
-
-
-def assert_all_equal(actual, expected):
-    if isinstance(expected, dict):
-        assert actual.keys() == expected.keys()
-        actual, expected = list(actual.values()), list(expected.values())
-    assert len(actual) == len(expected)
-    for got, want in zip(actual, expected):
-        np.testing.assert_array_equal(got, want)
 
 
 def cell_loop(scaler, make_optimizer, overflow_at=None, value=math.inf, steps=7):
@@ -378,8 +377,8 @@ def test_cell_trains_as_without_a_scaler(make_optimizer):
     plain = cell_loop(None, make_optimizer)
     scaled = cell_loop(cell, make_optimizer)
     for (plain_params, plain_state, _), (params, state, _) in zip(plain, scaled):
-        assert_all_equal(params, plain_params)
-        assert_all_equal(state, plain_state)
+        assert_arrays_equal(params, plain_params)
+        assert_arrays_equal(state, plain_state)
     # Seven finite steps, window 2: the manager's rule grows three times.
     rule = ManagerRule(2**10, 2, 2)
     assert [scale for *_, scale in scaled] == rule_scales(rule, [False] * 7)
@@ -393,12 +392,12 @@ def test_cell_skips_an_overflow_step_exactly(make_optimizer, value):
     ).get_update_cell()
     scaled = cell_loop(cell, make_optimizer, overflow_at=2, value=value)
     # Nothing moved at step 2: parameters and accumulators as after step 1.
-    assert_all_equal(scaled[2][0], scaled[1][0])
-    assert_all_equal(scaled[2][1], scaled[1][1])
+    assert_arrays_equal(scaled[2][0], scaled[1][0])
+    assert_arrays_equal(scaled[2][1], scaled[1][1])
     # And the run as a whole is the unscaled run that never saw batch 2.
     reference = cell_loop(None, make_optimizer, overflow_at=2)
-    assert_all_equal(scaled[-1][0], reference[-1][0])
-    assert_all_equal(scaled[-1][1], reference[-1][1])
+    assert_arrays_equal(scaled[-1][0], reference[-1][0])
+    assert_arrays_equal(scaled[-1][1], reference[-1][1])
     overflows = [step == 2 for step in range(7)]
     assert [scale for *_, scale in scaled] == rule_scales(ManagerRule(2**10, 2, 2), overflows)
 
@@ -407,10 +406,10 @@ def test_fixed_manager_cell_skips_an_overflow_step_at_a_fixed_scale():
     cell = FixedLossScaleManager(loss_scale=2**7).get_update_cell()
     scaled = cell_loop(cell, adam, overflow_at=3)
     reference = cell_loop(None, adam, overflow_at=3)
-    assert_all_equal(scaled[3][0], scaled[2][0])
-    assert_all_equal(scaled[3][1], scaled[2][1])
-    assert_all_equal(scaled[-1][0], reference[-1][0])
-    assert_all_equal(scaled[-1][1], reference[-1][1])
+    assert_arrays_equal(scaled[3][0], scaled[2][0])
+    assert_arrays_equal(scaled[3][1], scaled[2][1])
+    assert_arrays_equal(scaled[-1][0], reference[-1][0])
+    assert_arrays_equal(scaled[-1][1], reference[-1][1])
     assert [scale for *_, scale in scaled] == [2**7] * 7
 
 
@@ -491,8 +490,8 @@ def test_functional_loop_trains_as_without_a_scaler(apply):
     plain = functional_loop(None, APPLY[apply])
     scaled = functional_loop(loss_scaler, APPLY[apply])
     for (plain_params, plain_state, *_), (params, state, *_) in zip(plain, scaled):
-        assert_all_equal(params, plain_params)
-        assert_all_equal(state, plain_state)
+        assert_arrays_equal(params, plain_params)
+        assert_arrays_equal(state, plain_state)
     rule = AmpRule(2**10, 2, 2)
     expected = []
     for _ in range(6):
@@ -507,13 +506,13 @@ def test_functional_loop_skips_an_overflow_step_exactly(apply, value):
     loss_scaler = DynamicLossScaler(scale_value=2**10, scale_factor=2, scale_window=50)
     scaled = functional_loop(loss_scaler, APPLY[apply], poison_at=3, value=value)
     before, after = scaled[2], scaled[3]
-    assert_all_equal(after[0], before[0])
-    assert_all_equal(after[1], before[1])
+    assert_arrays_equal(after[0], before[0])
+    assert_arrays_equal(after[1], before[1])
     # Halved, and the finite streak starts again.
     assert (after[2], after[3]) == (before[2] / 2, 0)
     reference = functional_loop(None, APPLY[apply], poison_at=3)
-    assert_all_equal(scaled[-1][0], reference[-1][0])
-    assert_all_equal(scaled[-1][1], reference[-1][1])
+    assert_arrays_equal(scaled[-1][0], reference[-1][0])
+    assert_arrays_equal(scaled[-1][1], reference[-1][1])
 
 
 @pytest.mark.parametrize("make_scaler", [StaticLossScaler, DynamicLossScaler])

@@ -19,7 +19,15 @@ from paddle_amp_scaler import GradScaler as PaddleStyleGradScaler
 from paddle_amp_scaler.compat.torch import GradScaler
 from paddle_amp_scaler.testing import HostReadCounter
 
-from helpers import GradInjector, batches, loss_of, make_model, optimizer_state_of, params_of
+from helpers import (
+    GradInjector,
+    assert_arrays_equal,
+    batches,
+    loss_of,
+    make_model,
+    optimizer_state_of,
+    params_of,
+)
 
 # The ported loops keep their auto_cast(), which Paddle makes a no-op on a CPU, saying so.
 pytestmark = pytest.mark.filterwarnings("ignore:amp_guard can only be enabled")
@@ -62,24 +70,30 @@ def adam(model):
 # -- PyTorch's example loops, each with and without the scaler ---------------------------
 
 
+def backward(scaler, loss, **kwargs):
+    (loss if scaler is None else scaler.scale(loss)).backward(**kwargs)
+
+
+def optimizer_step(scaler, optimizer):
+    """``optimizer.step()``, or with a scaler its ``step`` and the ``update`` that ends
+    the iteration."""
+    if scaler is None:
+        optimizer.step()
+    else:
+        scaler.step(optimizer)
+        scaler.update()
+
+
 def typical_loop(scaler, make_optimizer, injector_at=None):
     """The page's "Typical Mixed Precision Training" loop."""
     model = make_model()
     optimizer = make_optimizer(model)
     injector = GradInjector(model[0].weight)
-    for step, batch in enumerate(batches(steps=6)):
+    for index, batch in enumerate(batches(steps=6)):
         optimizer.clear_grad()
-        with paddle.amp.auto_cast(), injector.inject(math.inf if step == injector_at else None):
-            loss = loss_of(model, batch)
-            if scaler is None:
-                loss.backward()
-            else:
-                scaler.scale(loss).backward()
-        if scaler is None:
-            optimizer.step()
-        else:
-            scaler.step(optimizer)
-            scaler.update()
+        with paddle.amp.auto_cast(), injector.inject(math.inf if index == injector_at else None):
+            backward(scaler, loss_of(model, batch))
+        optimizer_step(scaler, optimizer)
     return params_of(model), optimizer_state_of(optimizer, model.parameters())
 
 
@@ -89,16 +103,11 @@ def clipping_loop(scaler):
     optimizer = adam(model)
     for batch in batches(steps=6):
         optimizer.clear_grad()
-        loss = loss_of(model, batch)
-        (loss if scaler is None else scaler.scale(loss)).backward()
+        backward(scaler, loss_of(model, batch))
         if scaler is not None:
             scaler.unscale_(optimizer)
         paddle.nn.utils.clip_grad_norm_(model.parameters(), max_norm=0.5)
-        if scaler is None:
-            optimizer.step()
-        else:
-            scaler.step(optimizer)
-            scaler.update()
+        optimizer_step(scaler, optimizer)
     return params_of(model), optimizer_state_of(optimizer, model.parameters())
 
 
@@ -107,14 +116,9 @@ def accumulation_loop(scaler, iters_to_accumulate=2):
     model = make_model()
     optimizer = sgd(model)
     for i, batch in enumerate(batches(steps=6)):
-        loss = loss_of(model, batch) / iters_to_accumulate
-        (loss if scaler is None else scaler.scale(loss)).backward()
+        backward(scaler, loss_of(model, batch) / iters_to_accumulate)
         if (i + 1) % iters_to_accumulate == 0:
-            if scaler is None:
-                optimizer.step()
-            else:
-                scaler.step(optimizer)
-                scaler.update()
+            optimizer_step(scaler, optimizer)
             optimizer.clear_grad()
     return params_of(model), optimizer_state_of(optimizer, model.parameters())
 
@@ -129,8 +133,8 @@ def two_optimizers_loop(scaler):
         output0, output1 = model0(batch[0]), model1(batch[0])
         loss0 = paddle.nn.functional.mse_loss(2 * output0 + 3 * output1, batch[1])
         loss1 = paddle.nn.functional.mse_loss(3 * output0 - 5 * output1, batch[1])
-        for loss, retain in ((loss0, True), (loss1, False)):
-            (loss if scaler is None else scaler.scale(loss)).backward(retain_graph=retain)
+        backward(scaler, loss0, retain_graph=True)
+        backward(scaler, loss1)
         if scaler is None:
             optimizer0.step()
             optimizer1.step()
@@ -140,15 +144,6 @@ def two_optimizers_loop(scaler):
             scaler.step(optimizer1)
             scaler.update()
     return params_of(model0) + params_of(model1)
-
-
-def assert_all_equal(actual, expected):
-    if isinstance(expected, dict):
-        assert actual.keys() == expected.keys()
-        actual, expected = list(actual.values()), list(expected.values())
-    assert len(actual) == len(expected)
-    for got, want in zip(actual, expected):
-        np.testing.assert_array_equal(got, want)
 
 
 def a_scaler(**kwargs):
@@ -162,8 +157,8 @@ def test_typical_loop_trains_as_without_a_scaler(make_optimizer):
     scaler = a_scaler()
     plain = typical_loop(None, make_optimizer)
     scaled = typical_loop(scaler, make_optimizer)
-    assert_all_equal(scaled[0], plain[0])
-    assert_all_equal(scaled[1], plain[1])
+    assert_arrays_equal(scaled[0], plain[0])
+    assert_arrays_equal(scaled[1], plain[1])
     assert scaler.get_scale() == 2.0**15
 
 
@@ -174,10 +169,10 @@ def test_example_loops_train_as_without_a_scaler(loop):
     plain = loop(None)
     scaled = loop(a_scaler())
     if isinstance(plain, tuple):
-        assert_all_equal(scaled[0], plain[0])
-        assert_all_equal(scaled[1], plain[1])
+        assert_arrays_equal(scaled[0], plain[0])
+        assert_arrays_equal(scaled[1], plain[1])
     else:
-        assert_all_equal(scaled, plain)
+        assert_arrays_equal(scaled, plain)
 
 
 @pytest.mark.parametrize("make_optimizer", [sgd, adam])
@@ -196,8 +191,8 @@ def test_an_overflow_step_is_skipped_exactly(make_optimizer):
     scaler = GradScaler("cpu", init_scale=2.0**12, growth_interval=100)
     scaled = typical_loop(scaler, make_optimizer, injector_at=3)
     reference = without_step(3)
-    assert_all_equal(scaled[0], reference[0])
-    assert_all_equal(scaled[1], reference[1])
+    assert_arrays_equal(scaled[0], reference[0])
+    assert_arrays_equal(scaled[1], reference[1])
     assert scaler.get_scale() == 2.0**11
     assert scaler.state_dict()["_growth_tracker"] == 2
 

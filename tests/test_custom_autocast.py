@@ -159,6 +159,19 @@ def backward_of(out, weights=W):
     (out.astype("float32") * tensor(weights, grad=False)).sum().backward()
 
 
+def assert_product_gradients(x, y, h):
+    """Gradients of ``sum(x * y * h * W)``: analytic values, each in its input's dtype."""
+    assert (dtype_of(x.grad), dtype_of(y.grad), dtype_of(h.grad)) == (
+        "float32",
+        "float32",
+        "float16",
+    )
+    x_, y_, h_, w_ = (np.array(v) for v in (X, Y, H, W))
+    np.testing.assert_allclose(numpy32(x.grad), w_ * y_ * h_, rtol=1e-2)
+    np.testing.assert_allclose(numpy32(y.grad), w_ * x_ * h_, rtol=1e-2)
+    np.testing.assert_allclose(numpy32(h.grad), w_ * x_ * y_, rtol=1e-2)
+
+
 def no_decoration(function):
     return function
 
@@ -420,15 +433,7 @@ def test_cast_inputs_gives_keyword_tensors_their_gradients_in_their_dtypes(amp_o
         out = Product.apply(x, z=z, y=y)
     backward_of(out)
     assert seen["dtypes"] == ("bfloat16", "bfloat16", "bfloat16")
-    assert (dtype_of(x.grad), dtype_of(y.grad), dtype_of(z.grad)) == (
-        "float32",
-        "float32",
-        "float16",
-    )
-    x_, y_, h_, w_ = (np.array(v) for v in (X, Y, H, W))
-    np.testing.assert_allclose(numpy32(x.grad), w_ * y_ * h_, rtol=1e-2)
-    np.testing.assert_allclose(numpy32(y.grad), w_ * x_ * h_, rtol=1e-2)
-    np.testing.assert_allclose(numpy32(z.grad), w_ * x_ * y_, rtol=1e-2)
+    assert_product_gradients(x, y, z)
 
 
 def test_cast_inputs_gives_a_float64_input_a_float64_gradient(amp_on_cpu):
@@ -602,15 +607,7 @@ def test_cast_inputs_gives_tensors_in_a_list_their_gradients_in_their_dtypes(amp
         out = Product.apply(x, [y, h])
     backward_of(out)
     assert seen["dtypes"] == ("list", ["bfloat16", "bfloat16"])
-    assert (dtype_of(x.grad), dtype_of(y.grad), dtype_of(h.grad)) == (
-        "float32",
-        "float32",
-        "float16",
-    )
-    x_, y_, h_, w_ = (np.array(v) for v in (X, Y, H, W))
-    np.testing.assert_allclose(numpy32(x.grad), w_ * y_ * h_, rtol=1e-2)
-    np.testing.assert_allclose(numpy32(y.grad), w_ * x_ * h_, rtol=1e-2)
-    np.testing.assert_allclose(numpy32(h.grad), w_ * x_ * y_, rtol=1e-2)
+    assert_product_gradients(x, y, h)
 
 
 # --- 7: custom_bwd without custom_fwd ---------------------------------------------------------
@@ -668,13 +665,54 @@ def test_floating_cast_inputs_are_accepted(cast_inputs):
     assert callable(custom_fwd(cast_inputs=cast_inputs))
 
 
-@pytest.mark.parametrize("not_a_function", [42, "forward", None])
+@pytest.mark.parametrize("not_a_function", [42, "forward"])
 def test_decorating_a_non_callable_is_a_type_error(not_a_function):
-    if not_a_function is not None:  # custom_fwd(None) is the called form
-        with pytest.raises(TypeError, match="custom_fwd"):
-            custom_fwd(not_a_function)
+    with pytest.raises(TypeError, match="custom_fwd"):
+        custom_fwd(not_a_function)
     with pytest.raises(TypeError, match="custom_bwd"):
         custom_bwd(not_a_function)
+
+
+def test_called_forms_with_pytorchs_device_type():
+    # torch.amp writes @custom_fwd(device_type="cuda") and @custom_bwd(device_type="cuda").
+    class Doubled(paddle.autograd.PyLayer):
+        @staticmethod
+        @custom_fwd(device_type="cuda")
+        def forward(ctx, x):
+            return x * 2.0
+
+        @staticmethod
+        @custom_bwd(device_type="cuda")
+        def backward(ctx, grad):
+            return grad * 2.0
+
+    x = tensor(X)
+    Doubled.apply(x).sum().backward()
+    np.testing.assert_array_equal(x.grad.numpy(), [2.0, 2.0, 2.0])
+
+
+def test_each_gradient_gets_its_inputs_dtype_without_cast_inputs():
+    # A forward that computes in bfloat16 itself, and a backward returning bfloat16
+    # gradients: PyTorch's engine casts them to the inputs' dtypes, Paddle 2.6 does not.
+    class Product(paddle.autograd.PyLayer):
+        @staticmethod
+        @custom_fwd
+        def forward(ctx, x, y):
+            x, y = x.astype("bfloat16"), y.astype("bfloat16")
+            ctx.save_for_backward(x, y)
+            return x * y
+
+        @staticmethod
+        @custom_bwd
+        def backward(ctx, grad):
+            x, y = ctx.saved_tensor()
+            return grad * y, grad * x
+
+    x, y = tensor(X), tensor(Y)
+    backward_of(Product.apply(x, y))
+    assert (dtype_of(x.grad), dtype_of(y.grad)) == ("float32", "float32")
+    np.testing.assert_allclose(x.grad.numpy(), np.multiply(W, Y), rtol=1e-2)
+    np.testing.assert_allclose(y.grad.numpy(), np.multiply(W, X), rtol=1e-2)
 
 
 @pytest.mark.parametrize("device_type", [0, paddle.CPUPlace(), ["gpu"]], ids=str)

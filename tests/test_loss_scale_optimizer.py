@@ -18,7 +18,15 @@ from hypothesis import strategies as st
 from paddle_amp_scaler import GradScaler, LossScaleOptimizer, load_checkpoint, save_checkpoint
 from paddle_amp_scaler.testing import HostReadCounter
 
-from helpers import GradInjector, batches, loss_of, make_model, optimizer_state_of, params_of
+from helpers import (
+    GradInjector,
+    assert_arrays_equal,
+    batches,
+    loss_of,
+    make_model,
+    optimizer_state_of,
+    params_of,
+)
 
 
 class TFRule:
@@ -56,11 +64,15 @@ def state_of(model, optimizer):
 
 
 def assert_same(actual, expected):
-    for got, want in zip(actual[0], expected[0]):
-        np.testing.assert_array_equal(got, want)
-    assert actual[1].keys() == expected[1].keys()
-    for key in expected[1]:
-        np.testing.assert_array_equal(actual[1][key], expected[1][key], err_msg=key)
+    """Parameters and optimizer state (``state_of``) equal bit for bit."""
+    assert_arrays_equal(actual[0], expected[0])
+    assert_arrays_equal(actual[1], expected[1])
+
+
+def train_by_minimize(optimizer, model, steps):
+    for batch in steps:
+        optimizer.minimize(loss_of(model, batch))
+        optimizer.clear_grad()
 
 
 def wrapped(optimizer, **kwargs):
@@ -261,26 +273,21 @@ def test_host_reads_are_the_core_figures(loop, make_optimizer, paddle_reads):
 
 
 def test_state_dict_carries_the_scaler_and_resumes():
-    def train(optimizer, model, steps):
-        for batch in steps:
-            optimizer.minimize(loss_of(model, batch))
-            optimizer.clear_grad()
-
     # SGD: Paddle names Adam's moments after a per-process counter, so its own
     # set_state_dict cannot load them into a new Adam (save_checkpoint can, below).
     data = batches(steps=6)
     whole_model = make_model()
     whole = wrapped(sgd(whole_model))
-    train(whole, whole_model, data)
+    train_by_minimize(whole, whole_model, data)
 
     model = make_model()
     first = wrapped(sgd(model))
-    train(first, model, data[:3])
+    train_by_minimize(first, model, data[:3])
     # The same parameters, a new optimizer and scaler configured otherwise.
     resumed = LossScaleOptimizer(sgd(model), initial_scale=1.0, dynamic_growth_steps=5)
     resumed.set_state_dict(first.state_dict())
     assert (resumed.dynamic_growth_steps, float(resumed.loss_scale)) == (2, 2.0**13)
-    train(resumed, model, data[3:])
+    train_by_minimize(resumed, model, data[3:])
     for got, want in zip(params_of(model), params_of(whole_model)):
         np.testing.assert_array_equal(got, want)
     assert float(resumed.loss_scale) == float(whole.loss_scale)
@@ -306,23 +313,18 @@ def test_a_bad_scaler_state_loads_nothing():
 
 
 def test_checkpoints_take_the_wrapper(tmp_path):
-    def train(optimizer, model, steps):
-        for batch in steps:
-            optimizer.minimize(loss_of(model, batch))
-            optimizer.clear_grad()
-
     data = batches(steps=5)
     model = make_model()
     optimizer = wrapped(adam(model))
-    train(optimizer, model, data[:3])
+    train_by_minimize(optimizer, model, data[:3])
     path = tmp_path / "run.ckpt"
     save_checkpoint(path, model=model, optimizer=optimizer, scaler=optimizer.scaler, step=3)
-    train(optimizer, model, data[3:])
+    train_by_minimize(optimizer, model, data[3:])
 
     fresh_model = make_model(seed=5)
     fresh = wrapped(adam(fresh_model), initial_scale=2.0)
     assert load_checkpoint(path, model=fresh_model, optimizer=fresh, scaler=fresh.scaler) == 3
-    train(fresh, fresh_model, data[3:])
+    train_by_minimize(fresh, fresh_model, data[3:])
     assert float(fresh.loss_scale) == float(optimizer.loss_scale)
     assert_same(
         state_of(fresh_model, fresh.inner_optimizer), state_of(model, optimizer.inner_optimizer)

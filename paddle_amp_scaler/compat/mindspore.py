@@ -22,6 +22,7 @@ the same kernel as every scaler of this package: a back-off multiplies by
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import paddle
@@ -140,20 +141,18 @@ class _LossScaler:
         """``inputs`` times the scale: a Tensor or (nested) lists/tuples of them."""
         # Straight to the kernel: MindSpore's scalers never switch themselves off (the
         # core's scale() does under bfloat16 autocast), and unscale() must match.
-        scale = self._scaler._scale
-        return nested.map_tensors(
-            lambda tensor: kernels.scaled(tensor, scale),
-            inputs,
-            nested.refuse_leaves("scale", "inputs"),
-        )
+        return self._each_tensor("scale", kernels.scaled, inputs)
 
     def unscale(self, inputs: Any) -> Any:
         """``inputs`` divided by the scale, as new Tensors in their own dtypes."""
+        return self._each_tensor("unscale", kernels.unscaled, inputs)
+
+    def _each_tensor(
+        self, function: str, kernel: Callable[[Tensor, Tensor], Tensor], inputs: Any
+    ) -> Any:
         scale = self._scaler._scale
         return nested.map_tensors(
-            lambda tensor: kernels.unscaled(tensor, scale),
-            inputs,
-            nested.refuse_leaves("unscale", "inputs"),
+            lambda tensor: kernel(tensor, scale), inputs, nested.refuse_leaves(function, "inputs")
         )
 
     def _finite_flag(self, grads_finite: Any) -> Tensor:
