@@ -64,3 +64,38 @@ PD_BUILD_OP(fused_unscale_and_check)
     .Inputs({paddle::Vec("X"), "Scale"})
     .Outputs({"FoundInf"})
     .SetKernelFn(PD_KERNEL(UnscaleAndCheck));
+
+// The statistics of one iteration, in one call instead of six small Paddle operations:
+// `row` is statistics.py's [skipped, skip_streak, since_skip, growths, backoffs, 1];
+// the update rule changed the scale when it reset the counter of this iteration's
+// kind. statistics.py's transition matrices say the same for other devices.
+std::vector<paddle::Tensor> CountIteration(const paddle::Tensor& row,
+                                           const paddle::Tensor& found,
+                                           const paddle::Tensor& incr_count,
+                                           const paddle::Tensor& decr_count,
+                                           bool dynamic) {
+  enum { kSkipped, kStreak, kSinceSkip, kGrowths, kBackoffs };
+  paddle::Tensor out = row.copy_to(paddle::CPUPlace(), true);
+  double* counts = out.data<double>();
+  const bool skipped = found.data<bool>()[0];
+  const int32_t rule_counter = skipped ? decr_count.data<int32_t>()[0]
+                                       : incr_count.data<int32_t>()[0];
+  const bool changed = dynamic && rule_counter == 0;
+  if (skipped) {
+    counts[kSkipped] += 1;
+    counts[kStreak] += 1;
+    counts[kSinceSkip] = 0;
+    counts[kBackoffs] += changed;
+  } else {
+    counts[kStreak] = 0;
+    counts[kSinceSkip] += 1;
+    counts[kGrowths] += changed;
+  }
+  return {out};
+}
+
+PD_BUILD_OP(fused_count_iteration)
+    .Inputs({"Row", "Found", "IncrCount", "DecrCount"})
+    .Outputs({"Out"})
+    .Attrs({"dynamic: bool"})
+    .SetKernelFn(PD_KERNEL(CountIteration));

@@ -26,9 +26,13 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import paddle
-from paddle import Tensor, _C_ops
+from paddle import Tensor
 
 from . import fused_cpu
+
+# Untyped for the checker, like the rest of Paddle: Paddle 3 ships a stub of its ops,
+# which mypy would follow (follow_imports does not reach stubs) and 2.6 has none.
+_C_ops: Any = paddle._C_ops
 
 # Gradients by dtype (a paddle dtype), in parameter order: the kernels take one dtype
 # per call.
@@ -106,12 +110,12 @@ def unscale_and_check_(grads: GradGroups, scale: Tensor, all_finite: Tensor) -> 
     One kernel launch per dtype group, however many tensors. ``all_finite`` is the
     flag returned when there is nothing to check.
     """
-    fused = fused_cpu.load() if _path_for(scale) == FUSED_CPU_PATH else None
+    fused = fused_ops_for(scale)
     flags = []
     for dtype, group in grads.items():
         group_scale = _scale_for(dtype, scale)
         if fused is not None and dtype in _FUSED_DTYPES:
-            flags.append(fused(group, group_scale))
+            flags.append(fused.unscale_and_check(group, group_scale))
         else:
             flags.append(_C_ops.check_finite_and_unscale_(group, group_scale)[1])
     return any_of(flags) if flags else all_finite
@@ -178,6 +182,11 @@ def using_unscale_path(name: str) -> Iterator[None]:
 
 def _path_for(scale: Tensor) -> str:
     return _forced_path or default_unscale_path(scale.place)
+
+
+def fused_ops_for(tensor: Tensor) -> fused_cpu.FusedOps | None:
+    """The compiled CPU ops, where they serve tensors beside ``tensor``; else None."""
+    return fused_cpu.load() if _path_for(tensor) == FUSED_CPU_PATH else None
 
 
 def zero_if_found_(
