@@ -180,11 +180,13 @@ class AmpScaler:
         ):
             warnings.warn(
                 "dynamic loss scaling is not needed under auto_cast(dtype='bfloat16'); "
-                "the scaler switches itself off (is_enable() is now False)",
+                "the scaler switches itself off (is_enable() and "
+                "is_use_dynamic_loss_scaling() are now False)",
                 UserWarning,
                 stacklevel=3,
             )
             self._enable = False
+            self._use_dynamic_loss_scaling = False
 
     def _unscale_and_record(self, optimizer: Any, state: _OptimizerRecord) -> None:
         self._unscale(optimizer)

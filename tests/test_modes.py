@@ -47,7 +47,9 @@ def test_bfloat16_autocast_switches_a_dynamic_scaler_off_with_one_warning():
         loss = paddle.to_tensor(2.0)
     with pytest.warns(UserWarning, match="bfloat16"):
         assert scaler.scale(loss) is loss
+    # As Paddle's own (its test_amp_api.py checks both).
     assert not scaler.is_enable()
+    assert not scaler.is_use_dynamic_loss_scaling()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         scaler.scale(loss)
