@@ -17,7 +17,6 @@ if not gpu_available():
     emulate_fp16_grads(model)
 optimizer = paddle.optimizer.AdamW(learning_rate=3e-3, parameters=model.parameters())
 scaler = GradScaler(init_loss_scaling=2.0**20, incr_every_n_steps=100)
-skipped = 0
 for step, (x, y) in enumerate(toy_batches(steps), start=1):
     with auto_cast(enable=gpu_available()):
         loss = paddle.nn.functional.mse_loss(model(x), y)
@@ -25,9 +24,9 @@ for step, (x, y) in enumerate(toy_batches(steps), start=1):
     scaler.step(optimizer)  # skipped when a gradient is inf/nan
     scaler.update()
     optimizer.clear_grad()
-    skipped += bool(scaler._cache_found_inf)  # a device read: for the report only
     if step == 1 or step % 50 == 0:
+        stats = scaler.stats()  # one device read, for the report only
         print(
-            f"step {step:4d}  loss {float(loss):.4f}  scale {scaler.get_loss_scaling():9.0f}"
-            f"  skipped {skipped}"
+            f"step {step:4d}  loss {float(loss):.4f}  scale {stats.scale:9.0f}"
+            f"  skipped {stats.skipped}"
         )

@@ -223,7 +223,7 @@ def main(argv=None):
         # The example reads these back to report them; the scaler itself never does.
         history["loss"].append(float(loss))
         history["scale"].append(scaler.get_loss_scaling())
-        history["skipped"].append(bool(scaler._cache_found_inf))
+        history["skipped"].append(scaler.last_step_skipped())
         progress.set_postfix(
             loss=f"{history['loss'][-1]:.3f}",
             scale=f"{history['scale'][-1]:.0f}",
