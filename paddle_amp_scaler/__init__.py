@@ -16,6 +16,7 @@ except ImportError as error:  # pragma: no cover - depends on the environment
 
 from .autocast import amp_guard, auto_cast, custom_bwd, custom_fwd, decorate
 from .checkpoint import CheckpointError, load_checkpoint, read_checkpoint, save_checkpoint
+from .install import install, uninstall
 from .loss_scale_optimizer import LossScaleOptimizer
 from .scaler import AmpScaler, GradScaler
 from .statistics import LossScaleStuckError, ScalerStats
@@ -31,6 +32,8 @@ __all__ = [
     "LossScaleOptimizer",
     "ScalerStats",
     "LossScaleStuckError",
+    "install",
+    "uninstall",
     "save_checkpoint",
     "load_checkpoint",
     "read_checkpoint",
