@@ -42,6 +42,7 @@ GradGroups = dict[Any, list[Tensor]]
 PADDLE_PATH, FUSED_CPU_PATH = "paddle", "fused-cpu"
 _FUSED_DTYPES = (paddle.float32, paddle.float64)
 _CHECKED_DTYPES = (paddle.float16, paddle.bfloat16, paddle.float32, paddle.float64)
+_FLOAT32_MAX = 3.4028234663852886e38
 _forced_path: str | None = None
 
 
@@ -202,6 +203,30 @@ def zero_if_found_(
         _C_ops.update_loss_scaling_(
             group, found_inf, _scale_for(dtype, scale), incr_count, decr_count, 1, 1, 2.0, 0.5, True
         )
+
+
+def clip_(tensor: Tensor, lower: float, upper: float | None) -> None:
+    """Clamp ``tensor`` into ``[lower, upper]`` in place (None: no upper bound)."""
+    _C_ops.clip_(tensor, lower, _FLOAT32_MAX if upper is None else upper)
+
+
+def backoff_below_one_(
+    scale: Tensor,
+    before: Tensor,
+    found_inf: Tensor,
+    decr_count: Tensor,
+    decr_ratio: float,
+    floor: float,
+) -> None:
+    """Redo this iteration's back-off, if it had one, with ``floor`` below 1.0 in place
+    of the update kernel's floor at 1.0: ``scale = max(before * decr_ratio, floor)``.
+
+    The back-off happened when the kernel found inf/nan and reset ``decr_count``.
+    """
+    # A rare setting: readability over the handful of operations it costs.
+    backed_off = paddle.logical_and(found_inf, decr_count == 0)
+    lowered = paddle.maximum(before * decr_ratio, paddle.full_like(before, floor))
+    paddle.assign(paddle.where(backed_off, lowered, scale), output=scale)
 
 
 def update_scale_(

@@ -62,7 +62,9 @@ class AmpScaler:
     ``scale``, ``unscale_``, ``minimize``, ``step`` and ``update`` never wait for the
     device. The getters, ``stats`` and ``state_dict`` read it back, a device sync.
 
-    Keyword-only options, after Paddle's arguments: ``place`` (where the scale and
+    Keyword-only options, after Paddle's arguments: ``min_loss_scaling`` (default 1.0;
+    values below 1.0 are honoured too) and ``max_loss_scaling`` (default None: float32's
+    largest value) bound the scale on the device, with no read; ``place`` (where the scale and
     counters live: a device string such as ``"gpu:1"`` or a Paddle place; default
     Paddle's current device), ``stuck_after`` and ``on_stuck`` (when ``stuck_after``
     consecutive iterations or more were skipped: ``"warn"`` once per streak, ``"raise"``
@@ -80,12 +82,19 @@ class AmpScaler:
         decr_every_n_nan_or_inf: int = 1,
         use_dynamic_loss_scaling: bool = True,
         *,
+        min_loss_scaling: float = 1.0,
+        max_loss_scaling: float | None = None,
         place: Any = None,
         stuck_after: int | None = None,
         on_stuck: OnStuck = "warn",
     ) -> None:
         self._enable = validation.check_bool(enable, "enable")
-        self._init_loss_scaling = validation.check_scale(init_loss_scaling, "init_loss_scaling")
+        self._bounds = validation.check_bounds(min_loss_scaling, max_loss_scaling)
+        self._init_loss_scaling = validation.check_within(
+            validation.check_scale(init_loss_scaling, "init_loss_scaling"),
+            "init_loss_scaling",
+            self._bounds,
+        )
         self._incr_ratio = validation.check_incr_ratio(incr_ratio)
         self._decr_ratio = validation.check_decr_ratio(decr_ratio)
         self._incr_every_n_steps = validation.check_period(incr_every_n_steps, "incr_every_n_steps")
@@ -296,7 +305,10 @@ class AmpScaler:
         self._optimizer_states = defaultdict(_fresh_optimizer_state)
 
     def _update_scale(self, found_inf: Tensor) -> None:
-        """One step of the dynamic update rule, on the device, from a bool [1] verdict."""
+        """One step of the dynamic update rule, on the device, from a bool [1] verdict,
+        kept within the bounds (no operation for the default ones)."""
+        lower, upper = self._bounds
+        before = self._scale.clone() if lower < 1.0 else None
         kernels.update_scale_(
             found_inf,
             self._scale,
@@ -308,6 +320,12 @@ class AmpScaler:
             incr_ratio=self._incr_ratio,
             decr_ratio=self._decr_ratio,
         )
+        if before is not None:
+            kernels.backoff_below_one_(
+                self._scale, before, found_inf, self._decr_count, self._decr_ratio, lower
+            )
+        if lower > 1.0 or upper is not None:
+            kernels.clip_(self._scale, lower, upper)
 
     def _as_flag(self, found_inf: Any) -> Tensor:
         if isinstance(found_inf, Tensor):
@@ -342,8 +360,12 @@ class AmpScaler:
         return self._init_loss_scaling if self._enable else 1.0
 
     def set_init_loss_scaling(self, new_init_loss_scaling: float) -> None:
-        """Set the initial scale, and the current scale with it."""
-        value = validation.check_scale(new_init_loss_scaling, "new_init_loss_scaling")
+        """Set the initial scale, and the current scale with it (within the bounds)."""
+        value = validation.check_within(
+            validation.check_scale(new_init_loss_scaling, "new_init_loss_scaling"),
+            "new_init_loss_scaling",
+            self._bounds,
+        )
         self._init_loss_scaling = value
         self._scale.fill_(value)
 
@@ -408,6 +430,7 @@ class AmpScaler:
             return {}
         stats = self.stats()
         return ScalerState(
+            bounds=self._bounds,
             scale=stats.scale,
             incr_ratio=self._incr_ratio,
             decr_ratio=self._decr_ratio,
@@ -434,8 +457,10 @@ class AmpScaler:
                 "state_dict of an enabled one"
             )
         loaded = parse_state_dict(state_dict)
-        self._init_loss_scaling = loaded.scale
-        self._scale.fill_(loaded.scale)
+        self._bounds = loaded.bounds or self._bounds
+        scale = _within(loaded.scale, self._bounds)
+        self._init_loss_scaling = scale
+        self._scale.fill_(scale)
         self._incr_ratio = loaded.incr_ratio
         self._decr_ratio = loaded.decr_ratio
         self._incr_every_n_steps = loaded.incr_every_n_steps
@@ -471,6 +496,8 @@ class GradScaler(AmpScaler):
         decr_every_n_nan_or_inf: int = 1,
         use_dynamic_loss_scaling: bool = True,
         *,
+        min_loss_scaling: float = 1.0,
+        max_loss_scaling: float | None = None,
         place: Any = None,
         stuck_after: int | None = None,
         on_stuck: OnStuck = "warn",
@@ -483,6 +510,8 @@ class GradScaler(AmpScaler):
             incr_every_n_steps,
             decr_every_n_nan_or_inf,
             use_dynamic_loss_scaling,
+            min_loss_scaling=min_loss_scaling,
+            max_loss_scaling=max_loss_scaling,
             place=place,
             stuck_after=stuck_after,
             on_stuck=on_stuck,
@@ -538,6 +567,20 @@ def _note_host_decision(optimizer_type: type) -> None:
         "each step, a device sync on GPU",
         optimizer_type.__qualname__,
     )
+
+
+def _within(scale: float, bounds: tuple[float, float | None]) -> float:
+    """A loaded scale, clamped into the bounds, with a warning if that changed it."""
+    lower, upper = bounds
+    clamped = max(scale, lower) if upper is None else min(max(scale, lower), upper)
+    if clamped != scale:
+        warnings.warn(
+            f"the loaded scale {scale!r} lies outside min_loss_scaling={lower!r} and "
+            f"max_loss_scaling={upper!r}; it is clamped to {clamped!r}",
+            UserWarning,
+            stacklevel=3,
+        )
+    return clamped
 
 
 def _clamp_below_(counter: Tensor, period: int) -> None:

@@ -30,11 +30,14 @@ class ScalerState:
     decr_count: int
     use_dynamic_loss_scaling: bool
     # Not in Paddle's or PyTorch's dicts: None there, and the scaler keeps its own.
+    bounds: tuple[float, float | None] | None = None
     stats: ScalerStats | None = None
 
     def to_paddle_dict(self) -> dict[str, Any]:
         fields = {key: getattr(self, key) for key in PADDLE_KEYS}
         fields["scale"] = np.array([self.scale], dtype=np.float32)
+        if self.bounds is not None:
+            fields["min_loss_scaling"], fields["max_loss_scaling"] = self.bounds
         if self.stats is not None:
             fields["stats"] = self.stats.to_state()
         return fields
@@ -104,12 +107,30 @@ def parse_state_dict(state_dict: Mapping[str, Any]) -> ScalerState:
             "decr_count", validation.check_count, decr_every_n_nan_or_inf, "decr_every_n_nan_or_inf"
         ),
         use_dynamic_loss_scaling=checked("use_dynamic_loss_scaling", validation.check_bool),
+        bounds=_bounds_in(state_dict),
         stats=(
             parse_stats_state(state_dict["stats"], "state_dict['stats']")
             if "stats" in state_dict
             else None
         ),
     )
+
+
+def _bounds_in(state_dict: Mapping[str, Any]) -> tuple[float, float | None] | None:
+    present = [key for key in _BOUND_KEYS if key in state_dict]
+    if not present:
+        return None
+    if len(present) == 1:
+        missing = next(key for key in _BOUND_KEYS if key not in present)
+        raise ValueError(f"state_dict has {present[0]!r} but is missing the key {missing!r}")
+    names = [f"state_dict[{key!r}]" for key in _BOUND_KEYS]
+    try:
+        return validation.check_bounds(*(state_dict[key] for key in _BOUND_KEYS), *names)
+    except TypeError as error:
+        raise ValueError(str(error)) from None
+
+
+_BOUND_KEYS = ("min_loss_scaling", "max_loss_scaling")
 
 
 def _check_scale_value(value: Any, name: str) -> float:

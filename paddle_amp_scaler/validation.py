@@ -85,3 +85,28 @@ def check_place(value: Any, name: str = "place") -> Any:
         f'{name} must be None, a device string such as "cpu" or "gpu:0", or a Paddle '
         f"place, got {value!r} ({type(value).__name__})"
     )
+
+
+def check_bounds(
+    min_scale: Any,
+    max_scale: Any,
+    min_name: str = "min_loss_scaling",
+    max_name: str = "max_loss_scaling",
+) -> tuple[float, float | None]:
+    """``min_loss_scaling`` and ``max_loss_scaling`` (None: float32's largest value)."""
+    lower = check_scale(min_scale, min_name)
+    upper = None if max_scale is None else check_scale(max_scale, max_name)
+    if upper is not None and upper < lower:
+        raise ValueError(f"{max_name} ({max_scale!r}) must be >= {min_name} ({min_scale!r})")
+    return lower, upper
+
+
+def check_within(value: float, name: str, bounds: tuple[float, float | None]) -> float:
+    """A scale inside ``bounds``, from ``check_bounds``."""
+    lower, upper = bounds
+    if value < lower or (upper is not None and value > upper):
+        raise ValueError(
+            f"{name} ({value!r}) must lie within min_loss_scaling ({lower!r}) and "
+            f"max_loss_scaling ({upper!r})"
+        )
+    return value

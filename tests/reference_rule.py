@@ -3,6 +3,8 @@
 Arithmetic is float32, as on the device: ``scale * ratio`` is a float32 product.
 """
 
+from __future__ import annotations
+
 import dataclasses
 
 import numpy as np
@@ -22,6 +24,9 @@ class ReferenceScaler:
     # at the floor of 1.0, still counts.
     growths: int = 0
     backoffs: int = 0
+    # min_loss_scaling and max_loss_scaling (None: float32's largest value).
+    min_scale: float = 1.0
+    max_scale: float | None = None
 
     def __post_init__(self):
         self.scale = np.float32(self.scale)
@@ -33,7 +38,9 @@ class ReferenceScaler:
             self.incr_count = 0
             self.decr_count += 1
             if self.decr_count == self.decr_every_n_nan_or_inf:
-                self.scale = max(self.scale * np.float32(self.decr_ratio), np.float32(1.0))
+                self.scale = max(
+                    self.scale * np.float32(self.decr_ratio), np.float32(self.min_scale)
+                )
                 self.decr_count = 0
                 self.backoffs += 1
         else:
@@ -44,6 +51,8 @@ class ReferenceScaler:
                     grown = self.scale * np.float32(self.incr_ratio)
                 if np.isfinite(grown):
                     self.scale = grown
+                if self.max_scale is not None:
+                    self.scale = min(self.scale, np.float32(self.max_scale))
                 self.incr_count = 0
                 self.growths += 1
 

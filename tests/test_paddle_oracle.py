@@ -88,8 +88,13 @@ def test_state_dicts_agree_after_the_run(monkeypatch):
         decr_every_n_nan_or_inf=2,
     )
     our_state, their_state = ours.state_dict(), theirs.state_dict()
-    # Ours carries its statistics too (API.md); every key of Paddle's is there and equal.
-    assert our_state.keys() - their_state.keys() == {"stats"}
+    # Ours carries its bounds and statistics too (API.md); every key of Paddle's is there
+    # and equal.
+    assert our_state.keys() - their_state.keys() == {
+        "min_loss_scaling",
+        "max_loss_scaling",
+        "stats",
+    }
     for key in their_state:
         np.testing.assert_array_equal(our_state[key], their_state[key], err_msg=key)
         assert type(our_state[key]) is type(their_state[key]), key

@@ -50,6 +50,8 @@ def test_format_matches_api_md():
         "incr_count",
         "decr_count",
         "use_dynamic_loss_scaling",
+        "min_loss_scaling",
+        "max_loss_scaling",
         "stats",
     }
     assert isinstance(state["scale"], np.ndarray)
