@@ -18,6 +18,7 @@ from .autocast import amp_guard, auto_cast, custom_bwd, custom_fwd, decorate
 from .checkpoint import CheckpointError, load_checkpoint, read_checkpoint, save_checkpoint
 from .install import install, uninstall
 from .loss_scale_optimizer import LossScaleOptimizer
+from .overflow_report import OverflowEntry
 from .scaler import AmpScaler, GradScaler
 from .statistics import LossScaleStuckError, ScalerStats
 
@@ -31,6 +32,7 @@ __all__ = [
     "custom_bwd",
     "LossScaleOptimizer",
     "ScalerStats",
+    "OverflowEntry",
     "LossScaleStuckError",
     "install",
     "uninstall",

@@ -53,7 +53,7 @@ def grads_by_dtype(params: Iterable[Tensor]) -> GradGroups:
     Paddle's master-grad mode accumulates into ``param.main_grad`` (float32) and the
     optimizer reads that one, so it is the gradient that must be unscaled and checked.
     """
-    return grads_by_dtype_of(_gradient_of(param) for param in params)
+    return grads_by_dtype_of(gradient_of(param) for param in params)
 
 
 def grads_by_dtype_of(grads: Iterable[Tensor | None]) -> GradGroups:
@@ -66,7 +66,8 @@ def grads_by_dtype_of(grads: Iterable[Tensor | None]) -> GradGroups:
     return groups
 
 
-def _gradient_of(param: Tensor) -> Tensor | None:
+def gradient_of(param: Tensor) -> Tensor | None:
+    """The gradient the optimizer will read: the master gradient if there is one."""
     grad = getattr(param, "main_grad", None)
     return param._grad_ivar() if grad is None else grad
 

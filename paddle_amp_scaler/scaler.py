@@ -14,6 +14,7 @@ from paddle.amp.auto_cast import amp_global_state
 from paddle.amp.grad_scaler import OptimizerState
 
 from . import kernels, optimizers, validation
+from .overflow_report import OverflowEntry, OverflowRecorder
 from .state import ScalerState, parse_state_dict
 from .statistics import OnStuck, RunCounters, ScalerStats, StuckPolicy
 
@@ -69,7 +70,9 @@ class AmpScaler:
     Paddle's current device), ``stuck_after`` and ``on_stuck`` (when ``stuck_after``
     consecutive iterations or more were skipped: ``"warn"`` once per streak, ``"raise"``
     :class:`LossScaleStuckError`, or call a function with :meth:`stats`; the streak is
-    read once every ``min(stuck_after, 100)`` iterations, the only read in a step).
+    read once every ``min(stuck_after, 100)`` iterations, the only read in a step),
+    ``report_overflows`` (count inf and nan per gradient, for :meth:`overflow_report`
+    and a log line per skipped iteration: one device read per iteration).
     """
 
     def __init__(
@@ -87,6 +90,7 @@ class AmpScaler:
         place: Any = None,
         stuck_after: int | None = None,
         on_stuck: OnStuck = "warn",
+        report_overflows: bool = False,
     ) -> None:
         self._enable = validation.check_bool(enable, "enable")
         self._bounds = validation.check_bounds(min_loss_scaling, max_loss_scaling)
@@ -122,6 +126,11 @@ class AmpScaler:
         self._update_scratch = paddle.to_tensor([0.0], dtype="float32", place=place)
         self._run = RunCounters(self._scale.place)
         self._stuck_policy = StuckPolicy(stuck_after, on_stuck)
+        self._overflows = (
+            OverflowRecorder()
+            if validation.check_bool(report_overflows, "report_overflows")
+            else None
+        )
         if self._enable:
             # Loads (or, once per machine, builds) the CPU kernel now, so that neither the
             # build nor its self-check lands inside a training step.
@@ -169,7 +178,10 @@ class AmpScaler:
             return
         state = self._optimizer_states[id(optimizer)]
         _refuse_unscale_in(state["state"])
-        grads = kernels.grads_by_dtype(optimizers.parameters_of(optimizer))
+        params = optimizers.parameters_of(optimizer)
+        if self._overflows is not None:
+            self._overflows.count_(params)
+        grads = kernels.grads_by_dtype(params)
         state["grads"] = grads
         self._found_inf = kernels.unscale_and_check_(
             grads, self._scale, self._temp_found_inf_value_false
@@ -298,6 +310,8 @@ class AmpScaler:
             self._update_scale(found_inf)
         self._run.record_(found_inf, (self._incr_count, self._decr_count) if dynamic else None)
         self._start_new_iteration()
+        if self._overflows is not None:
+            self._overflows.end_iteration(self._run.iterations)
         # Last, so that a LossScaleStuckError leaves a consistent, resumable scaler.
         self._stuck_policy.after_iteration(self._run, self.stats)
 
@@ -346,6 +360,17 @@ class AmpScaler:
         if not self._enable:
             return ScalerStats.nothing_yet()
         return self._run.read(self._scale)
+
+    def overflow_report(self, model: Any = None) -> list[OverflowEntry]:
+        """The gradients that held inf or nan in the most recent iteration that found any
+        (empty if none has), most elements first, counted before unscaling; named as in
+        ``model.named_parameters()`` when ``model`` is given, else by ``param.name``."""
+        if self._overflows is None:
+            raise RuntimeError(
+                "overflow_report() needs the per-gradient counts: build the scaler with "
+                "report_overflows=True (one device read per iteration)"
+            )
+        return self._overflows.report(model)
 
     def last_step_skipped(self) -> bool:
         """Whether the most recent iteration skipped its step (reads the device); False
@@ -501,6 +526,7 @@ class GradScaler(AmpScaler):
         place: Any = None,
         stuck_after: int | None = None,
         on_stuck: OnStuck = "warn",
+        report_overflows: bool = False,
     ) -> None:
         super().__init__(
             enable,
@@ -515,6 +541,7 @@ class GradScaler(AmpScaler):
             place=place,
             stuck_after=stuck_after,
             on_stuck=on_stuck,
+            report_overflows=report_overflows,
         )
 
     def step(self, optimizer: Any) -> None:

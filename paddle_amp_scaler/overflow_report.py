@@ -1,0 +1,92 @@
+"""Which gradients overflowed: inf and nan counted per gradient, on the device.
+
+"Found inf or nan" says nothing about where. With ``report_overflows=True`` each
+unscale first counts, per gradient as backward left it, its inf and its nan elements
+(queued on the device, no read); the iteration's end reads the counts once, keeps
+those of an iteration that found any, and logs it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any
+
+import paddle
+from paddle import Tensor
+
+from . import kernels
+
+logger = logging.getLogger("paddle_amp_scaler")
+
+# How many gradients a log line names.
+_LOGGED = 5
+
+
+@dataclasses.dataclass(frozen=True)
+class OverflowEntry:
+    """One gradient that held inf or nan in iteration ``iteration`` (1-based)."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    num_inf: int
+    num_nan: int
+    iteration: int
+
+
+class OverflowRecorder:
+    """Counts per gradient during an iteration; keeps the last iteration that had any."""
+
+    def __init__(self) -> None:
+        self._pending: list[tuple[Any, str, Tensor]] = []  # (param, grad dtype, counts)
+        self._last: list[OverflowEntry] = []
+        self._params: dict[str, Any] = {}  # the parameters of self._last, by Paddle name
+
+    def count_(self, params: list[Any]) -> None:
+        """Queue the inf/nan counts of each parameter's gradient, before it is unscaled."""
+        for param in params:
+            grad = kernels.gradient_of(param)
+            if grad is None or 0 in grad.shape:
+                continue
+            counts = paddle.stack(
+                [paddle.isinf(grad).astype("int64").sum(), paddle.isnan(grad).astype("int64").sum()]
+            )
+            self._pending.append((param, str(grad.dtype).replace("paddle.", ""), counts))
+
+    def end_iteration(self, iteration: int) -> None:
+        """Read this iteration's counts (one device read) and log them if any overflowed."""
+        pending, self._pending = self._pending, []
+        if not pending:
+            return
+        counts = paddle.stack([counts for *_, counts in pending]).numpy().tolist()
+        overflowed = [
+            (param, OverflowEntry(param.name, tuple(param.shape), dtype, inf, nan, iteration))
+            for (param, dtype, _), (inf, nan) in zip(pending, counts)
+            if inf or nan
+        ]
+        if not overflowed:
+            return
+        self._last = sorted(
+            (entry for _, entry in overflowed), key=lambda entry: -(entry.num_inf + entry.num_nan)
+        )
+        self._params = {param.name: param for param, _ in overflowed}
+        if paddle.distributed.get_rank() == 0:
+            entries = self.report()
+            named = ", ".join(
+                f"{entry.name} ({entry.num_inf} inf, {entry.num_nan} nan)"
+                for entry in entries[:_LOGGED]
+            )
+            more = f" and {len(entries) - _LOGGED} more" if len(entries) > _LOGGED else ""
+            logger.warning("iteration %d skipped: inf/nan in %s%s", iteration, named, more)
+
+    def report(self, model: Any = None) -> list[OverflowEntry]:
+        """The gradients of the last iteration that found inf/nan, most elements first;
+        named as in ``model.named_parameters()`` when ``model`` is given."""
+        if model is None:
+            return list(self._last)
+        names = {id(param): name for name, param in model.named_parameters()}
+        return [
+            dataclasses.replace(entry, name=names.get(id(self._params[entry.name]), entry.name))
+            for entry in self._last
+        ]
