@@ -21,6 +21,7 @@ PATTERNS = [
     "keras_style",
     "mindspore_style",
     "custom_pylayer",
+    "monitor_a_run",
 ]
 
 pytest.importorskip("sklearn")
