@@ -112,7 +112,9 @@ class AmpScaler:
         place = validation.check_place(place)
         try:
             self._scale = paddle.to_tensor([self._init_loss_scaling], dtype="float32", place=place)
-        except ValueError as error:  # Paddle's words for a device it cannot use
+        # Paddle's words for a device it cannot use; a bare "gpu" without CUDA fails inside
+        # Paddle's own message with an AttributeError.
+        except (ValueError, AttributeError) as error:
             raise ValueError(f"place {place!r} cannot be used here: {error}") from None
         self._incr_count = paddle.to_tensor([0], dtype="int32", place=place)
         self._decr_count = paddle.to_tensor([0], dtype="int32", place=place)

@@ -445,7 +445,7 @@ def test_a_paddle_state_dict_that_is_not_pytorchs_rule_is_refused_unchanged():
         ({"growth_interval": 0}, ValueError, "growth_interval"),
         ({"growth_interval": 2.5}, TypeError, "growth_interval"),
         ({"enabled": "yes"}, TypeError, "enabled"),
-        ({"min_loss_scaling": 1.0}, TypeError, "min_loss_scaling"),
+        ({"no_such_option": 1.0}, TypeError, "no_such_option"),
     ],
 )
 def test_bad_arguments(kwargs, error, match):
@@ -467,6 +467,14 @@ def test_bad_setter_values_name_the_argument(setter, value, error):
     name = "new_interval" if "interval" in setter else "new_factor"
     with pytest.raises(error, match=name):
         getattr(scaler, setter)(value)
+
+
+def test_the_core_scalers_options_pass_through():
+    scaler = GradScaler(
+        "cpu", init_scale=8.0, growth_interval=1, max_loss_scaling=8.0, stuck_after=3
+    )
+    assert run_schedule(scaler, [False] * 4)[-1][0] == 8.0  # held at the ceiling
+    assert scaler.stats().iterations == 4
 
 
 def test_setters_and_getters_round_trip():

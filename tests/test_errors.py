@@ -161,3 +161,16 @@ def test_unscale_only_does_not_count_as_a_step(setup):
 def test_optimizer_without_parameters_is_a_type_error():
     with pytest.raises(TypeError, match="optimizer"):
         GradScaler().unscale_(object())
+
+
+@pytest.mark.skipif(paddle.device.is_compiled_with_cuda(), reason="this Paddle has CUDA")
+@pytest.mark.parametrize("place", ["gpu", "gpu:0", "npu:3", "nowhere"])
+def test_a_place_this_paddle_cannot_use_is_a_value_error_naming_it(place):
+    with pytest.raises(ValueError, match=f"place '{place}' cannot be used here"):
+        GradScaler(place=place)
+
+
+@pytest.mark.parametrize("place", [3, ["cpu"]])
+def test_a_place_of_the_wrong_kind_is_a_type_error(place):
+    with pytest.raises(TypeError, match="place must be None, a device string"):
+        GradScaler(place=place)
