@@ -229,8 +229,38 @@ def build_native(scaler_class):
         return check_really_scales(scaler_class(**SCALER_ARGS))
 
 
-def build_ours(scaler_class):
-    return check_really_scales(scaler_class(**SCALER_ARGS))
+def build_ours(scaler_class, **options):
+    return check_really_scales(scaler_class(**SCALER_ARGS, **options))
+
+
+# Ours with one option on at a time, against ours-step with every option at its default.
+OPTIONS = {
+    "max bound": {"max_loss_scaling": 2.0**30},
+    "floor 0.5": {"min_loss_scaling": 0.5},
+    "stuck": {"stuck_after": 100},
+    "report": {"report_overflows": True},
+}
+
+
+@contextlib.contextmanager
+def statistics_not_counted():
+    # What the always-on statistics cost: ours-step with their recording stubbed out.
+    from paddle_amp_scaler import statistics
+
+    record = statistics.RunCounters.record_
+    statistics.RunCounters.record_ = lambda self, found, counters: None
+    try:
+        yield
+    finally:
+        statistics.RunCounters.record_ = record
+
+
+def without_statistics(run):
+    def run_uncounted():
+        with statistics_not_counted():
+            return run()
+
+    return run_uncounted
 
 
 def step_and_update(scaler, optimizer):
@@ -311,6 +341,14 @@ def implementations() -> dict:
         makers[f"ours-step[{path}]"] = lambda optimizer, path=path: on_unscale_path(
             path, step_and_update(build_ours(paddle_amp_scaler.GradScaler), optimizer)
         )
+    if hasattr(paddle_amp_scaler, "ScalerStats"):
+        makers["ours-step[no stats]"] = lambda optimizer: without_statistics(
+            step_and_update(build_ours(paddle_amp_scaler.GradScaler), optimizer)
+        )
+        for name, options in OPTIONS.items():
+            makers[f"ours-step[{name}]"] = lambda optimizer, options=options: step_and_update(
+                build_ours(paddle_amp_scaler.GradScaler, **options), optimizer
+            )
     return makers
 
 
