@@ -42,11 +42,17 @@ UnscaleAndCheck = Callable[[Sequence[Tensor], Tensor], Tensor]
 # count_iteration(row, found, incr_count, decr_count, dynamic) -> the next row of
 # statistics.py's counters.
 CountIteration = Callable[[Tensor, Tensor, Tensor, Tensor, bool], Tensor]
+# unscale_check_and_count(grads, scale, row, found, incr, decr, dynamic) -> (found_inf,
+# row): the previous iteration's count done in the same call as this one's unscale.
+UnscaleCheckAndCount = Callable[
+    [Sequence[Tensor], Tensor, Tensor, Tensor, Tensor, Tensor, bool], tuple[Tensor, Tensor]
+]
 
 
 class FusedOps(NamedTuple):
     unscale_and_check: UnscaleAndCheck
     count_iteration: CountIteration
+    unscale_check_and_count: UnscaleCheckAndCount
 
 
 def disabled_by_environment() -> bool:
@@ -124,7 +130,28 @@ def _runner() -> FusedOps:
     ) -> Tensor:
         return run("fused_count_iteration", row, found, incr_count, decr_count, dynamic)[0]
 
-    return FusedOps(unscale_and_check, count_iteration)
+    def unscale_check_and_count(
+        grads: Sequence[Tensor],
+        scale: Tensor,
+        row: Tensor,
+        found: Tensor,
+        incr_count: Tensor,
+        decr_count: Tensor,
+        dynamic: bool,
+    ) -> tuple[Tensor, Tensor]:
+        found_inf, counted = run(
+            "fused_unscale_check_and_count",
+            grads,
+            scale,
+            row,
+            found,
+            incr_count,
+            decr_count,
+            dynamic,
+        )
+        return found_inf, counted
+
+    return FusedOps(unscale_and_check, count_iteration, unscale_check_and_count)
 
 
 def _verify(ops: FusedOps) -> None:
@@ -154,6 +181,16 @@ def _verify(ops: FusedOps) -> None:
     counted = ops.count_iteration(row, paddle.to_tensor([False]), one, zero, True).numpy()
     if counted.tolist() != [[2.0, 0.0, 1.0, 5.0, 3.0, 1.0]]:
         raise RuntimeError("the compiled counter failed its check on a finite iteration")
+    grads = [paddle.to_tensor([4.0, np.inf], dtype="float32")]
+    found, counted = ops.unscale_check_and_count(
+        grads, paddle.to_tensor([2.0]), row, paddle.to_tensor([False]), zero, zero, True
+    )
+    if (
+        not found.numpy()[0]
+        or counted.numpy().tolist() != [[2.0, 0.0, 1.0, 6.0, 3.0, 1.0]]
+        or grads[0].numpy()[0] != 2.0
+    ):
+        raise RuntimeError("the compiled unscale-and-count failed its check")
 
 
 @contextlib.contextmanager

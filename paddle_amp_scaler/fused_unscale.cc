@@ -47,8 +47,7 @@ __attribute__((target_clones("avx2", "default"))) bool UnscaleAllDouble(
 }  // namespace
 
 // All of `xs` share one dtype, float32 or float64, and `scale` has that dtype too.
-std::vector<paddle::Tensor> UnscaleAndCheck(const std::vector<paddle::Tensor>& xs,
-                                            const paddle::Tensor& scale) {
+paddle::Tensor Unscale(const std::vector<paddle::Tensor>& xs, const paddle::Tensor& scale) {
   bool found = false;
   if (!xs.empty()) {
     if (xs[0].dtype() == paddle::DataType::FLOAT64) {
@@ -57,7 +56,12 @@ std::vector<paddle::Tensor> UnscaleAndCheck(const std::vector<paddle::Tensor>& x
       found = UnscaleAllFloat(xs, 1.0f / scale.data<float>()[0]);
     }
   }
-  return {paddle::full({1}, found, paddle::DataType::BOOL, paddle::CPUPlace())};
+  return paddle::full({1}, found, paddle::DataType::BOOL, paddle::CPUPlace());
+}
+
+std::vector<paddle::Tensor> UnscaleAndCheck(const std::vector<paddle::Tensor>& xs,
+                                            const paddle::Tensor& scale) {
+  return {Unscale(xs, scale)};
 }
 
 PD_BUILD_OP(fused_unscale_and_check)
@@ -69,11 +73,9 @@ PD_BUILD_OP(fused_unscale_and_check)
 // `row` is statistics.py's [skipped, skip_streak, since_skip, growths, backoffs, 1];
 // the update rule changed the scale when it reset the counter of this iteration's
 // kind. statistics.py's transition matrices say the same for other devices.
-std::vector<paddle::Tensor> CountIteration(const paddle::Tensor& row,
-                                           const paddle::Tensor& found,
-                                           const paddle::Tensor& incr_count,
-                                           const paddle::Tensor& decr_count,
-                                           bool dynamic) {
+paddle::Tensor Count(const paddle::Tensor& row, const paddle::Tensor& found,
+                     const paddle::Tensor& incr_count, const paddle::Tensor& decr_count,
+                     bool dynamic) {
   enum { kSkipped, kStreak, kSinceSkip, kGrowths, kBackoffs };
   paddle::Tensor out = row.copy_to(paddle::CPUPlace(), true);
   double* counts = out.data<double>();
@@ -91,8 +93,35 @@ std::vector<paddle::Tensor> CountIteration(const paddle::Tensor& row,
     counts[kSinceSkip] += 1;
     counts[kGrowths] += changed;
   }
-  return {out};
+  return out;
 }
+
+std::vector<paddle::Tensor> CountIteration(const paddle::Tensor& row,
+                                           const paddle::Tensor& found,
+                                           const paddle::Tensor& incr_count,
+                                           const paddle::Tensor& decr_count,
+                                           bool dynamic) {
+  return {Count(row, found, incr_count, decr_count, dynamic)};
+}
+
+// The previous iteration's count and this iteration's unscale in one call: on a CPU
+// each call costs microseconds of dispatch, whatever it does.
+std::vector<paddle::Tensor> UnscaleCheckAndCount(const std::vector<paddle::Tensor>& xs,
+                                                 const paddle::Tensor& scale,
+                                                 const paddle::Tensor& row,
+                                                 const paddle::Tensor& found,
+                                                 const paddle::Tensor& incr_count,
+                                                 const paddle::Tensor& decr_count,
+                                                 bool dynamic) {
+  paddle::Tensor counted = Count(row, found, incr_count, decr_count, dynamic);
+  return {Unscale(xs, scale), counted};
+}
+
+PD_BUILD_OP(fused_unscale_check_and_count)
+    .Inputs({paddle::Vec("X"), "Scale", "Row", "Found", "IncrCount", "DecrCount"})
+    .Outputs({"FoundInf", "RowOut"})
+    .Attrs({"dynamic: bool"})
+    .SetKernelFn(PD_KERNEL(UnscaleCheckAndCount));
 
 PD_BUILD_OP(fused_count_iteration)
     .Inputs({"Row", "Found", "IncrCount", "DecrCount"})

@@ -112,15 +112,34 @@ def unscale_and_check_(grads: GradGroups, scale: Tensor, all_finite: Tensor) -> 
     One kernel launch per dtype group, however many tensors. ``all_finite`` is the
     flag returned when there is nothing to check.
     """
+    return unscale_check_and_count_(grads, scale, all_finite, None)[0]
+
+
+# What statistics.py hands over to be counted in the same call as an unscale:
+# (row, found, incr_count, decr_count, dynamic).
+PendingCount = tuple[Tensor, Tensor, Tensor, Tensor, bool]
+
+
+def unscale_check_and_count_(
+    grads: GradGroups, scale: Tensor, all_finite: Tensor, pending: PendingCount | None
+) -> tuple[Tensor, Tensor | None]:
+    """``unscale_and_check_``, and where the compiled CPU ops serve, ``pending``'s count
+    in the call of the first group: returns the verdict and the counted row, or None for
+    the row when no call could take it (the caller counts it then)."""
     fused = fused_ops_for(scale)
     flags = []
+    counted = None
     for dtype, group in grads.items():
         group_scale = _scale_for(dtype, scale)
         if fused is not None and dtype in _FUSED_DTYPES:
-            flags.append(fused.unscale_and_check(group, group_scale))
+            if pending is not None and counted is None:
+                found, counted = fused.unscale_check_and_count(group, group_scale, *pending)
+                flags.append(found)
+            else:
+                flags.append(fused.unscale_and_check(group, group_scale))
         else:
             flags.append(_C_ops.check_finite_and_unscale_(group, group_scale)[1])
-    return any_of(flags) if flags else all_finite
+    return (any_of(flags) if flags else all_finite), counted
 
 
 def all_finite(tensors: Iterable[Tensor]) -> Tensor:

@@ -185,9 +185,12 @@ class AmpScaler:
             self._overflows.count_(params)
         grads = kernels.grads_by_dtype(params)
         state["grads"] = grads
-        self._found_inf = kernels.unscale_and_check_(
-            grads, self._scale, self._temp_found_inf_value_false
+        # The previous iteration's statistics ride along in the same call on a CPU.
+        pending = self._run.take_pending()
+        self._found_inf, counted = kernels.unscale_check_and_count_(
+            grads, self._scale, self._temp_found_inf_value_false, pending
         )
+        self._run.settle(pending, counted)
         state["state"] = OptimizerState.UNSCALED
 
     # -- internals ----------------------------------------------------------------
@@ -309,6 +312,7 @@ class AmpScaler:
         found_inf = kernels.any_of(verdicts)
         dynamic = update_scale and self._use_dynamic_loss_scaling
         if dynamic:
+            self._run.flush()  # a count still waiting needs the counters as they are
             self._update_scale(found_inf)
         self._run.record_(found_inf, (self._incr_count, self._decr_count) if dynamic else None)
         self._start_new_iteration()
@@ -415,6 +419,7 @@ class AmpScaler:
         """Set the growth period; a streak already that long grows at the next finite step."""
         period = validation.check_period(new_incr_every_n_steps, "new_incr_every_n_steps")
         self._incr_every_n_steps = period
+        self._run.flush()
         _clamp_below_(self._incr_count, period)
 
     def get_decr_every_n_nan_or_inf(self) -> int:
@@ -424,6 +429,7 @@ class AmpScaler:
         """Set the back-off period; a streak already that long backs off at the next inf/nan."""
         period = validation.check_period(new_decr_every_n_nan_or_inf, "new_decr_every_n_nan_or_inf")
         self._decr_every_n_nan_or_inf = period
+        self._run.flush()
         _clamp_below_(self._decr_count, period)
 
     def get_incr_count(self) -> int:
@@ -434,6 +440,7 @@ class AmpScaler:
         count = validation.check_count(
             new_incr_count, "new_incr_count", self._incr_every_n_steps, "incr_every_n_steps"
         )
+        self._run.flush()
         self._incr_count.fill_(count)
 
     def get_decr_count(self) -> int:
@@ -447,6 +454,7 @@ class AmpScaler:
             self._decr_every_n_nan_or_inf,
             "decr_every_n_nan_or_inf",
         )
+        self._run.flush()
         self._decr_count.fill_(count)
 
     # -- state_dict -----------------------------------------------------------------
@@ -484,6 +492,7 @@ class AmpScaler:
                 "state_dict of an enabled one"
             )
         loaded = parse_state_dict(state_dict)
+        self._run.flush()
         self._bounds = loaded.bounds or self._bounds
         scale = _within(loaded.scale, self._bounds)
         self._init_loss_scaling = scale

@@ -19,6 +19,7 @@ from paddle_amp_scaler import (
     GradScaler,
     LossScaleStuckError,
     ScalerStats,
+    kernels,
     load_checkpoint,
     save_checkpoint,
 )
@@ -295,3 +296,46 @@ def test_raise_leaves_a_consistent_resumable_scaler(kind):
 def test_bad_policy_arguments(options, error, match):
     with pytest.raises(error, match=match):
         GradScaler(**options)
+
+
+# -- on a CPU an iteration is counted in the next unscale's call: what may come between --
+
+
+def test_a_setter_between_iterations_does_not_change_the_last_count():
+    # Growth at the third finite step resets incr_count to 0; setting it to 2 before
+    # the next unscale must not make that iteration look as if the rule had not fired.
+    run = Run(scaler_for(dict(scale=8.0, incr_every_n_steps=3, decr_every_n_nan_or_inf=1)))
+    for _ in range(3):
+        run.iteration(False)
+    run.scaler.set_incr_count(2)
+    run.scaler.set_decr_every_n_nan_or_inf(2)
+    assert run.scaler.stats().growths == 1
+
+
+@pytest.mark.parametrize("path", ["paddle", "fused-cpu"])
+def test_switching_unscale_paths_between_iterations_counts_every_one(path):
+    if path not in kernels.unscale_paths():
+        pytest.skip(f"no {path} path here")
+    run = Run(scaler_for(RULE))
+    for index, overflow in enumerate(OVERFLOWS):
+        if index % 3 == 1:
+            with kernels.using_unscale_path(path):
+                run.iteration(overflow)
+        else:
+            run.iteration(overflow)
+    assert run.scaler.stats() == expected_stats(OVERFLOWS, **RULE)
+
+
+def test_a_replaced_unscale_that_decides_on_the_host_counts_every_iteration():
+    # fleet's distributed_scaler replaces _unscale; this one reads the gradient itself
+    # and writes a Python bool, so no unscale kernel runs in those iterations.
+    run = Run(scaler_for(RULE))
+    own_unscale = run.scaler._unscale
+
+    def host_decided(optimizer):
+        run.scaler._found_inf = not bool(paddle.isfinite(run.params[0].grad).all())
+
+    for index, overflow in enumerate(OVERFLOWS):
+        run.scaler._unscale = host_decided if index % 2 else own_unscale
+        run.iteration(overflow)
+    assert run.scaler.stats() == expected_stats(OVERFLOWS, **RULE)
