@@ -1,8 +1,9 @@
 """What a scaler's run has done, counted on the device, and the policy for a stuck run.
 
-Each iteration advances five counters with a handful of device operations and no read:
-the verdict and whether the update rule changed the scale pick one of four transition
-matrices, and one matrix product applies it. ``stats()`` reads them, once per call.
+Each iteration advances five counters on the device, with no read: the verdict and
+whether the update rule changed the scale pick one of four transition matrices, and one
+matrix product applies it (on a CPU, one compiled op does the same inside the next
+unscale call). ``stats()`` reads them, once per call.
 """
 
 from __future__ import annotations
