@@ -45,13 +45,14 @@ def run(scaler, overflows, observe=True):
     return observed
 
 
-def expected(overflows, init, lower, upper, incr=2, decr=1):
+def expected(overflows, init, lower, upper, incr=2, decr=1, **ratios):
     reference = ReferenceScaler(
         init,
         incr_every_n_steps=incr,
         decr_every_n_nan_or_inf=decr,
         min_scale=lower,
         max_scale=upper,
+        **ratios,
     )
     snapshots = []
     for overflow in overflows:
@@ -78,20 +79,9 @@ def test_scale_follows_the_rule_with_bounds(overflows, bounds, incr, decr, ratio
     scaler = bounded_scaler(
         init, lower, upper, incr, decr, incr_ratio=ratios[0], decr_ratio=ratios[1]
     )
-    reference = ReferenceScaler(
-        init,
-        incr_ratio=ratios[0],
-        decr_ratio=ratios[1],
-        incr_every_n_steps=incr,
-        decr_every_n_nan_or_inf=decr,
-        min_scale=lower,
-        max_scale=upper,
+    assert run(scaler, overflows) == expected(
+        overflows, init, lower, upper, incr, decr, incr_ratio=ratios[0], decr_ratio=ratios[1]
     )
-    want = []
-    for overflow in overflows:
-        reference.update(overflow)
-        want.append(reference.snapshot())
-    assert run(scaler, overflows) == want
 
 
 def test_long_runs_stay_at_the_bounds():
