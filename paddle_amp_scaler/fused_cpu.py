@@ -6,7 +6,8 @@ multiplies in place and OR-reduces the exponent bits, vectorised, at about the s
 of a plain copy. The results are bit-identical to Paddle's kernel (the same
 ``x * (1 / scale)`` in the gradient's precision, the same inf/nan verdict). A second op
 counts an iteration's statistics in one call where Paddle ops take six, each of which
-costs microseconds of dispatch on a CPU.
+costs microseconds of dispatch on a CPU; a third unscales and counts each gradient's inf
+and nan elements in the same pass, for the overflow report.
 
 The build needs a C++ compiler and takes about 15 s, once per Paddle version and
 source revision (cached under Paddle's extension directory). Without a compiler, or
@@ -47,12 +48,16 @@ CountIteration = Callable[[Tensor, Tensor, Tensor, Tensor, bool], Tensor]
 UnscaleCheckAndCount = Callable[
     [Sequence[Tensor], Tensor, Tensor, Tensor, Tensor, Tensor, bool], tuple[Tensor, Tensor]
 ]
+# unscale_check_and_tally(grads, scale) -> (found_inf, tally): tally is int64
+# [len(grads), 2], each gradient's (infs, nans) before it was unscaled.
+UnscaleCheckAndTally = Callable[[Sequence[Tensor], Tensor], tuple[Tensor, Tensor]]
 
 
 class FusedOps(NamedTuple):
     unscale_and_check: UnscaleAndCheck
     count_iteration: CountIteration
     unscale_check_and_count: UnscaleCheckAndCount
+    unscale_check_and_tally: UnscaleCheckAndTally
 
 
 def disabled_by_environment() -> bool:
@@ -151,7 +156,13 @@ def _runner() -> FusedOps:
         )
         return found_inf, counted
 
-    return FusedOps(unscale_and_check, count_iteration, unscale_check_and_count)
+    def unscale_check_and_tally(grads: Sequence[Tensor], scale: Tensor) -> tuple[Tensor, Tensor]:
+        found_inf, tally = run("fused_unscale_check_and_tally", grads, scale)
+        return found_inf, tally
+
+    return FusedOps(
+        unscale_and_check, count_iteration, unscale_check_and_count, unscale_check_and_tally
+    )
 
 
 def _verify(ops: FusedOps) -> None:
@@ -191,6 +202,19 @@ def _verify(ops: FusedOps) -> None:
         or grads[0].numpy()[0] != 2.0
     ):
         raise RuntimeError("the compiled unscale-and-count failed its check")
+    for dtype in ("float32", "float64"):
+        grads = [
+            paddle.to_tensor([np.inf, -np.inf, np.nan, 4.0], dtype=dtype),
+            paddle.to_tensor([8.0], dtype=dtype),
+            paddle.to_tensor([-np.nan, np.inf, 1.0], dtype=dtype),
+        ]
+        found, tally = ops.unscale_check_and_tally(grads, paddle.to_tensor([2.0], dtype=dtype))
+        if (
+            not found.numpy()[0]
+            or tally.numpy().tolist() != [[2, 1], [0, 0], [1, 1]]
+            or grads[1].numpy()[0] != 4.0
+        ):
+            raise RuntimeError(f"the compiled unscale-and-tally failed its check on {dtype}")
 
 
 @contextlib.contextmanager

@@ -23,12 +23,15 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import paddle
 from paddle import Tensor
 
 from . import fused_cpu
+
+if TYPE_CHECKING:  # typing.TypeGuard needs Python 3.10
+    from typing_extensions import TypeGuard
 
 # Untyped for the checker, like the rest of Paddle: Paddle 3 ships a stub of its ops,
 # which mypy would follow (follow_imports does not reach stubs) and 2.6 has none.
@@ -60,10 +63,15 @@ def grads_by_dtype_of(grads: Iterable[Tensor | None]) -> GradGroups:
     """Gradients grouped by dtype, leaving out ``None`` and empty ones."""
     groups: GradGroups = {}
     for grad in grads:
-        # `0 not in shape`, not `grad.size`: Paddle computes size through NumPy (~6 us).
-        if grad is not None and 0 not in grad.shape:
+        if is_checked(grad):
             groups.setdefault(grad.dtype, []).append(grad)
     return groups
+
+
+def is_checked(grad: Tensor | None) -> TypeGuard[Tensor]:
+    """Whether a gradient goes to the kernels: it exists and has elements."""
+    # `0 not in shape`, not `grad.size`: Paddle computes size through NumPy (~6 us).
+    return grad is not None and 0 not in grad.shape
 
 
 def gradient_of(param: Tensor) -> Tensor | None:
@@ -140,6 +148,32 @@ def unscale_check_and_count_(
         else:
             flags.append(_C_ops.check_finite_and_unscale_(group, group_scale)[1])
     return (any_of(flags) if flags else all_finite), counted
+
+
+def unscale_check_and_tally_(
+    grads: GradGroups, scale: Tensor, all_finite: Tensor
+) -> tuple[Tensor, list[Tensor]]:
+    """``unscale_and_check_``, also counting each gradient's inf and nan elements before
+    it is unscaled: returns the verdict and, per group of ``grads`` in order, an int64
+    [len(group), 2] tensor of (infs, nans).
+
+    The compiled CPU op counts in its one pass; elsewhere each gradient costs five
+    Paddle operations more.
+    """
+    fused = fused_ops_for(scale)
+    flags, tallies = [], []
+    for dtype, group in grads.items():
+        group_scale = _scale_for(dtype, scale)
+        if fused is not None and dtype in _FUSED_DTYPES:
+            found, tally = fused.unscale_check_and_tally(group, group_scale)
+        else:
+            tally = paddle.stack(
+                [paddle.stack([paddle.isinf(g).sum(), paddle.isnan(g).sum()]) for g in group]
+            )
+            found = _C_ops.check_finite_and_unscale_(group, group_scale)[1]
+        flags.append(found)
+        tallies.append(tally)
+    return (any_of(flags) if flags else all_finite), tallies
 
 
 def all_finite(tensors: Iterable[Tensor]) -> Tensor:

@@ -1,9 +1,10 @@
 """Which gradients overflowed: inf and nan counted per gradient, on the device.
 
 "Found inf or nan" says nothing about where. With ``report_overflows=True`` each
-unscale first counts, per gradient as backward left it, its inf and its nan elements
-(queued on the device, no read); the iteration's end reads the counts once, keeps
-those of an iteration that found any, and logs it.
+unscale also counts, per gradient as backward left it, its inf and its nan elements
+(queued on the device, no read; on a CPU in the compiled unscale's one pass); the
+iteration's end reads the counts once, keeps those of an iteration that found any,
+and logs it.
 """
 
 from __future__ import annotations
@@ -39,30 +40,44 @@ class OverflowRecorder:
     """Counts per gradient during an iteration; keeps the last iteration that had any."""
 
     def __init__(self) -> None:
-        self._pending: list[tuple[Any, str, Tensor]] = []  # (param, grad dtype, counts)
+        # Per unscale: (param, grad dtype) in the order of the tallies, and the tallies.
+        self._pending: list[tuple[list[tuple[Any, Any]], list[Tensor]]] = []
         self._last: list[OverflowEntry] = []
         self._params: dict[str, Any] = {}  # the parameters of self._last, by Paddle name
 
-    def count_(self, params: list[Any]) -> None:
-        """Queue the inf/nan counts of each parameter's gradient, before it is unscaled."""
-        for param in params:
-            grad = kernels.gradient_of(param)
-            if grad is None or 0 in grad.shape:
-                continue
-            counts = paddle.stack(
-                [paddle.isinf(grad).astype("int64").sum(), paddle.isnan(grad).astype("int64").sum()]
-            )
-            self._pending.append((param, str(grad.dtype).replace("paddle.", ""), counts))
+    def unscale_and_count_(
+        self, params: list[Any], grads: kernels.GradGroups, scale: Tensor, all_finite: Tensor
+    ) -> Tensor:
+        """``kernels.unscale_and_check_`` of ``params``' gradients ``grads``, queueing
+        each one's inf and nan counts, taken before it is unscaled."""
+        found, tallies = kernels.unscale_check_and_tally_(grads, scale, all_finite)
+        # The kernels' order: grouped by dtype, groups in order of first appearance.
+        group_of = {dtype: index for index, dtype in enumerate(grads)}
+        owners = sorted(
+            (
+                (param, grad.dtype)
+                for param in params
+                if kernels.is_checked(grad := kernels.gradient_of(param))
+            ),
+            key=lambda owner: group_of[owner[1]],
+        )
+        self._pending.append((owners, tallies))
+        return found
 
     def end_iteration(self, iteration: int) -> None:
         """Read this iteration's counts (one device read) and log them if any overflowed."""
         pending, self._pending = self._pending, []
-        if not pending:
+        tallies = [tally for _, unscale_tallies in pending for tally in unscale_tallies]
+        if not tallies:
             return
-        counts = paddle.stack([counts for *_, counts in pending]).numpy().tolist()
+        counts = paddle.concat(tallies).numpy().tolist()
+        owners = [owner for unscale_owners, _ in pending for owner in unscale_owners]
         overflowed = [
-            (param, OverflowEntry(param.name, tuple(param.shape), dtype, inf, nan, iteration))
-            for (param, dtype, _), (inf, nan) in zip(pending, counts)
+            (
+                param,
+                OverflowEntry(param.name, tuple(param.shape), _name_of(dtype), inf, nan, iteration),
+            )
+            for (param, dtype), (inf, nan) in zip(owners, counts)
             if inf or nan
         ]
         if not overflowed:
@@ -90,3 +105,7 @@ class OverflowRecorder:
             dataclasses.replace(entry, name=names.get(id(self._params[entry.name]), entry.name))
             for entry in self._last
         ]
+
+
+def _name_of(dtype: Any) -> str:
+    return str(dtype).replace("paddle.", "")

@@ -181,15 +181,21 @@ class AmpScaler:
         state = self._optimizer_states[id(optimizer)]
         _refuse_unscale_in(state["state"])
         params = optimizers.parameters_of(optimizer)
-        if self._overflows is not None:
-            self._overflows.count_(params)
         grads = kernels.grads_by_dtype(params)
         state["grads"] = grads
         # The previous iteration's statistics ride along in the same call on a CPU.
         pending = self._run.take_pending()
-        self._found_inf, counted = kernels.unscale_check_and_count_(
-            grads, self._scale, self._temp_found_inf_value_false, pending
-        )
+        if self._overflows is None:
+            self._found_inf, counted = kernels.unscale_check_and_count_(
+                grads, self._scale, self._temp_found_inf_value_false, pending
+            )
+        else:
+            self._found_inf, counted = (
+                self._overflows.unscale_and_count_(
+                    params, grads, self._scale, self._temp_found_inf_value_false
+                ),
+                None,
+            )
         self._run.settle(pending, counted)
         state["state"] = OptimizerState.UNSCALED
 

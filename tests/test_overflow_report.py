@@ -9,8 +9,17 @@ import numpy as np
 import paddle
 import pytest
 
-from paddle_amp_scaler import AmpScaler, GradScaler, OverflowEntry
+from paddle_amp_scaler import AmpScaler, GradScaler, OverflowEntry, kernels
 from paddle_amp_scaler.testing import HostReadCounter
+
+# The compiled CPU op counts in its unscale pass; Paddle's path (a GPU's) with its ops.
+PATHS = kernels.unscale_paths()
+
+
+@pytest.fixture(params=PATHS)
+def path(request):
+    with kernels.using_unscale_path(request.param):
+        yield request.param
 
 
 def model_of_seven():
@@ -31,7 +40,7 @@ def poison(model, plan):
         infs, nans = plan.get(name, (0, 0))
         grad[:infs] = [math.inf if i % 2 == 0 else -math.inf for i in range(infs)]
         grad[infs : infs + nans] = math.nan
-        param.grad = paddle.to_tensor(grad.reshape(param.shape))
+        param.grad = paddle.to_tensor(grad.reshape(param.shape)).astype(param.dtype)
 
 
 def iteration(scaler, model, optimizer, plan):
@@ -50,6 +59,7 @@ def setup(kind=GradScaler, **options):
     return kind(init_loss_scaling=1024.0, report_overflows=True, **options), model, optimizer
 
 
+@pytest.mark.usefixtures("path")
 @pytest.mark.parametrize("kind", [GradScaler, AmpScaler])
 def test_the_report_names_exactly_the_poisoned_gradients(kind):
     scaler, model, optimizer = setup(kind)
@@ -76,6 +86,43 @@ def test_the_report_names_exactly_the_poisoned_gradients(kind):
     assert scaler.overflow_report(model) == [OverflowEntry("3.weight", (2,), "float32", 0, 1, 4)]
 
 
+@pytest.mark.usefixtures("path")
+def test_counts_match_numpy_across_dtype_groups_and_optimizers():
+    """Two optimizers, float32 and float64 gradients interleaved, tens of thousands of
+    elements with inf, -inf, nan and -nan scattered at random: the counts are NumPy's."""
+    rng = np.random.default_rng(7)
+    paddle.seed(0)
+    model = paddle.nn.Sequential(
+        paddle.nn.Linear(100, 300), paddle.nn.Linear(300, 40), paddle.nn.Linear(40, 3)
+    )
+    model[1].to(dtype="float64")
+    params = list(model.parameters())
+    optimizers = [
+        paddle.optimizer.SGD(learning_rate=0.1, parameters=params[:3]),
+        paddle.optimizer.SGD(learning_rate=0.1, parameters=params[3:]),
+    ]
+    scaler = GradScaler(init_loss_scaling=1024.0, report_overflows=True)
+    expected = {}
+    for name, param in model.named_parameters():
+        grad = rng.standard_normal(param.shape)
+        flat = grad.reshape(-1)
+        for value in (np.inf, -np.inf, np.nan, -np.nan):
+            flat[rng.integers(0, flat.size, size=rng.integers(0, 40))] = value
+        param.grad = paddle.to_tensor(grad).astype(param.dtype)
+        infs, nans = int(np.isinf(grad).sum()), int(np.isnan(grad).sum())
+        if infs or nans:
+            expected[name] = (infs, nans, "float64" if name.startswith("1.") else "float32")
+    for optimizer in optimizers:
+        scaler.step(optimizer)
+    scaler.update()
+    assert len(expected) >= 4  # the draw poisoned most of the six
+    report = scaler.overflow_report(model)
+    assert {e.name: (e.num_inf, e.num_nan, e.dtype) for e in report} == expected
+    assert [e.num_inf + e.num_nan for e in report] == sorted(
+        (e.num_inf + e.num_nan for e in report), reverse=True
+    )
+
+
 def test_each_skipped_iteration_is_logged_with_up_to_five_names(caplog):
     scaler, model, optimizer = setup()
     plan = {name: (1, 0) for name, _ in model.named_parameters()}  # all eight
@@ -88,6 +135,7 @@ def test_each_skipped_iteration_is_logged_with_up_to_five_names(caplog):
     assert message.count("(1 inf, 0 nan)") == 5 and message.endswith("and 3 more")
 
 
+@pytest.mark.usefixtures("path")
 def test_one_read_per_iteration_with_the_report_and_none_without():
     for report, reads in ((True, 3), (False, 0)):
         model = model_of_seven()
