@@ -1,6 +1,6 @@
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import find_packages, setup
 
 setup(
     name="paddle-amp-scaler",
@@ -8,7 +8,7 @@ setup(
     description="Dynamic loss scaling for PaddlePaddle dygraph, with Paddle's scaler API",
     long_description=Path(__file__).with_name("README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
-    packages=["paddle_amp_scaler"],
+    packages=find_packages(include=["paddle_amp_scaler", "paddle_amp_scaler.*"]),
     package_data={"paddle_amp_scaler": ["py.typed", "fused_unscale.cc"]},
     python_requires=">=3.9",
     # Paddle comes in two builds that both provide `paddle`: the user picks one.

@@ -1,6 +1,8 @@
-"""Packaging promises: the import surface, type marker, the no-Paddle message, autocast."""
+"""Packaging promises: the import surface, what the wheel ships, the no-Paddle message,
+autocast."""
 
 import os
+import shutil
 import subprocess
 import sys
 
@@ -14,8 +16,39 @@ def test_public_names():
         assert hasattr(paddle_amp_scaler, name)
 
 
-def test_py_typed_marker_ships():
-    assert os.path.exists(os.path.join(os.path.dirname(paddle_amp_scaler.__file__), "py.typed"))
+def test_the_wheel_ships_every_module_the_type_marker_and_the_kernel_source(tmp_path):
+    package = os.path.dirname(paddle_amp_scaler.__file__)
+    root = os.path.dirname(package)
+    expected = {
+        os.path.relpath(os.path.join(folder, name), root).replace(os.sep, "/")
+        for folder, _, names in os.walk(package)
+        for name in names
+        if name.endswith(".py")
+    } | {"paddle_amp_scaler/py.typed", "paddle_amp_scaler/fused_unscale.cc"}
+    # Built from a copy: a build/ folder left in the checkout would hide a missing module.
+    source = tmp_path / "source"
+    shutil.copytree(
+        package, source / "paddle_amp_scaler", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    for name in ("setup.py", "pyproject.toml", "README.md"):
+        shutil.copy(os.path.join(root, name), source)
+    wheels = tmp_path / "wheels"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", str(source), "-w", str(wheels)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    (wheel,) = wheels.glob("*.whl")
+    # Listed by a fresh interpreter: zipfile needs zlib, which Paddle 2.6 breaks in-process.
+    listing = subprocess.run(
+        [sys.executable, "-m", "zipfile", "-l", str(wheel)],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    shipped = {line.split()[0] for line in listing.splitlines()[1:]}
+    assert expected <= shipped, sorted(expected - shipped)
 
 
 def test_autocast_helpers_are_paddles():
