@@ -52,6 +52,8 @@ import paddle_amp_scaler  # noqa: E402
 from paddle_amp_scaler import kernels  # noqa: E402
 from paddle_amp_scaler.testing import HostReadCounter  # noqa: E402
 
+import figures  # noqa: E402  (benchmarks/figures.py, beside this script)
+
 SCALE = 2.0**10
 # The saved gradients are scaled by SCALE, so the scale must never grow during a run.
 NEVER = 2**31 - 1
@@ -84,7 +86,7 @@ PROFILES = {
     # 64x4M against 256x4M and 64x32M against 512x32M give the cost per tensor at a
     # fixed size; 64x4M against 64x32M gives the cost per parameter.
     "default": Profile(
-        "8x1M,64x4M,256x4M,512x32M,64x32M",
+        "8x1M,64x1M,64x4M,256x4M,512x32M,64x32M",
         step_budget_s=25.0,
         bandwidth_budget_s=4.0,
         min_rounds=10,
@@ -183,6 +185,12 @@ def parse_args(argv):
         help="comma-separated, from: " + ",".join(OPTIMIZERS),
     )
     parser.add_argument("--json", metavar="PATH", help="write every result to PATH as JSON")
+    parser.add_argument(
+        "--figure",
+        metavar="PATH",
+        help="draw the overheads relative to Paddle's to PATH, e.g. overhead.png "
+        "(needs matplotlib)",
+    )
     args = parser.parse_args(argv)
     args.profile = PROFILES["quick" if args.quick else "default"]
     if args.workloads is None:
@@ -771,26 +779,26 @@ def main(argv=None) -> int:
     print_summary(runs, bandwidths)
     elapsed = time.perf_counter() - started
     print(f"\nmeasured in {elapsed:.1f} s")
+    results = {
+        "command": command,
+        "machine": info,
+        "quick": args.quick,
+        "scale": SCALE,
+        "default_unscale_path": default_unscale_path(),
+        "unscale_paths": unscale_paths(),
+        "targets": {
+            "overhead_ratio_max": OVERHEAD_RATIO_TARGET,
+            "bandwidth_vs_copy_min": BANDWIDTH_TARGET,
+        },
+        "runs": runs,
+        "bandwidth": bandwidths,
+        "cost_vs_size": fits,
+        "elapsed_s": elapsed,
+    }
     if args.json:
-        write_json(
-            args.json,
-            {
-                "command": command,
-                "machine": info,
-                "quick": args.quick,
-                "scale": SCALE,
-                "default_unscale_path": default_unscale_path(),
-                "unscale_paths": unscale_paths(),
-                "targets": {
-                    "overhead_ratio_max": OVERHEAD_RATIO_TARGET,
-                    "bandwidth_vs_copy_min": BANDWIDTH_TARGET,
-                },
-                "runs": runs,
-                "bandwidth": bandwidths,
-                "cost_vs_size": fits,
-                "elapsed_s": elapsed,
-            },
-        )
+        write_json(args.json, results)
+    if args.figure:
+        figures.draw_overheads(results, args.figure)
     return 0
 
 

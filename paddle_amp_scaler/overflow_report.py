@@ -56,8 +56,8 @@ class OverflowRecorder:
         owners = sorted(
             (
                 (param, grad.dtype)
-                for param in params
-                if kernels.is_checked(grad := kernels.gradient_of(param))
+                for param, grad in zip(params, kernels.grads_of(params))
+                if kernels.is_checked(grad)
             ),
             key=lambda owner: group_of[owner[1]],
         )

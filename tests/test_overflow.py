@@ -16,6 +16,8 @@ from helpers import (
     loss_of,
     make_model,
     optimizer_state_of,
+    oracle_skipped,
+    paddle_oracle,
     params_of,
     train_step,
 )
@@ -160,3 +162,25 @@ def test_a_skipped_step_leaves_no_flag_behind_in_the_optimizer():
     # Later training without the scaler must not inherit the skip.
     train_step(None, model, optimizer, batch)
     assert all(not np.array_equal(a, b) for a, b in zip(before, params_of(model)))
+
+
+@pytest.mark.parametrize("value", [math.inf, 1.0])
+def test_a_frozen_parameters_gradient_is_checked_as_paddles_scaler_checks_it(monkeypatch, value):
+    """A parameter frozen after backward keeps its gradient; Paddle's optimizers leave it
+    alone, and Paddle's scaler still checks it. Ours decides as Paddle's does."""
+    decisions = []
+    for scaler in (
+        GradScaler(init_loss_scaling=2.0**10),
+        paddle_oracle(monkeypatch, init_loss_scaling=2.0**10),
+    ):
+        model = make_model()
+        optimizer = paddle.optimizer.SGD(learning_rate=0.1, parameters=model.parameters())
+        scaler.scale(loss_of(model, batches(steps=1)[0])).backward()
+        frozen = model[2].bias
+        frozen.grad = paddle.full_like(frozen.grad, value)
+        frozen.stop_gradient = True
+        scaler.step(optimizer)
+        scaler.update()
+        decisions.append((oracle_skipped(scaler), float(scaler._scale.numpy().reshape(-1)[0])))
+    overflowed = value == math.inf
+    assert decisions == [(overflowed, 2.0**9 if overflowed else 2.0**10)] * 2

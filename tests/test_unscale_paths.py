@@ -5,7 +5,6 @@ import math
 import os
 import subprocess
 import sys
-import types
 
 import numpy as np
 import paddle
@@ -43,16 +42,11 @@ def through_path(path, arrays, scale, dtype):
     grads = [paddle.to_tensor(a) for a in arrays]
     with kernels.using_unscale_path(path):
         found = kernels.unscale_and_check_(
-            kernels.grads_by_dtype(_as_params(grads)),
+            kernels.grads_by_dtype_of(grads),
             paddle.to_tensor([scale], dtype="float32"),
             paddle.to_tensor([False]),
         )
     return [g.numpy() for g in grads], bool(found.numpy()[0])
-
-
-def _as_params(grads):
-    # grads_by_dtype reads each parameter's master or plain gradient.
-    return [types.SimpleNamespace(main_grad=g) for g in grads]
 
 
 def assert_same_as_paddle(arrays, scale, dtype):
