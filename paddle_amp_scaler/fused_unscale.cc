@@ -99,6 +99,15 @@ __attribute__((target_clones("avx2", "default"))) bool UnscaleAndTallyAllDouble(
   return UnscaleAndTallyAll<double, uint64_t, 0x7ff0000000000000ULL>(xs, inverse, tally);
 }
 
+// A bool [1] tensor holding `found`. paddle::empty and a store, not paddle::full: full
+// dispatches a Paddle kernel, whose code costs tens of microseconds when a training step
+// has just pushed it out of the CPU's caches.
+paddle::Tensor FlagOf(bool found) {
+  paddle::Tensor flag = paddle::empty({1}, paddle::DataType::BOOL, paddle::CPUPlace());
+  flag.data<bool>()[0] = found;
+  return flag;
+}
+
 }  // namespace
 
 // All of `xs` share one dtype, float32 or float64, and `scale` has that dtype too.
@@ -111,7 +120,7 @@ paddle::Tensor Unscale(const std::vector<paddle::Tensor>& xs, const paddle::Tens
       found = UnscaleAllFloat(xs, 1.0f / scale.data<float>()[0]);
     }
   }
-  return paddle::full({1}, found, paddle::DataType::BOOL, paddle::CPUPlace());
+  return FlagOf(found);
 }
 
 std::vector<paddle::Tensor> UnscaleAndCheck(const std::vector<paddle::Tensor>& xs,
@@ -132,8 +141,10 @@ paddle::Tensor Count(const paddle::Tensor& row, const paddle::Tensor& found,
                      const paddle::Tensor& incr_count, const paddle::Tensor& decr_count,
                      bool dynamic) {
   enum { kSkipped, kStreak, kSinceSkip, kGrowths, kBackoffs };
-  paddle::Tensor out = row.copy_to(paddle::CPUPlace(), true);
+  // Copied by hand for the reason FlagOf gives.
+  paddle::Tensor out = paddle::empty(row.shape(), paddle::DataType::FLOAT64, paddle::CPUPlace());
   double* counts = out.data<double>();
+  std::memcpy(counts, row.data<double>(), sizeof(double) * row.numel());
   const bool skipped = found.data<bool>()[0];
   const int32_t rule_counter = skipped ? decr_count.data<int32_t>()[0]
                                        : incr_count.data<int32_t>()[0];
@@ -189,7 +200,8 @@ PD_BUILD_OP(fused_count_iteration)
 std::vector<paddle::Tensor> UnscaleCheckAndTally(const std::vector<paddle::Tensor>& xs,
                                                  const paddle::Tensor& scale) {
   const int64_t count = static_cast<int64_t>(xs.size());
-  paddle::Tensor tally = paddle::full({count, 2}, 0, paddle::DataType::INT64, paddle::CPUPlace());
+  // Every entry is written below.
+  paddle::Tensor tally = paddle::empty({count, 2}, paddle::DataType::INT64, paddle::CPUPlace());
   bool found = false;
   if (!xs.empty()) {
     int64_t* counts = tally.data<int64_t>();
@@ -199,7 +211,7 @@ std::vector<paddle::Tensor> UnscaleCheckAndTally(const std::vector<paddle::Tenso
       found = UnscaleAndTallyAllFloat(xs, 1.0f / scale.data<float>()[0], counts);
     }
   }
-  return {paddle::full({1}, found, paddle::DataType::BOOL, paddle::CPUPlace()), tally};
+  return {FlagOf(found), tally};
 }
 
 PD_BUILD_OP(fused_unscale_check_and_tally)

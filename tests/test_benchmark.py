@@ -1,4 +1,4 @@
-"""The benchmark's quick run finishes and reports every figure.
+"""The benchmark's quick run finishes, reports every figure and draws its chart.
 
 Only that the figures exist and are sane numbers: timings on a shared machine are too
 noisy to assert on.
@@ -15,15 +15,22 @@ SCRIPT = os.path.join(REPO, "benchmarks", "bench_scaler.py")
 IMPLS = ["none", "native-step", "native-minimize", "ours-step", "ours-minimize", "floor"]
 ORIGINS = ["scaler", "paddle", "other"]
 PASSES = ["ours", "native", "copy"]
+OPTION_ROWS = [
+    "ours-step[no stats]",
+    "ours-step[max bound]",
+    "ours-step[floor 0.5]",
+    "ours-step[stuck]",
+    "ours-step[report]",
+]
 
 
-def run_quick_benchmark(json_path):
+def run_quick_benchmark(json_path, figure_path):
     env = dict(
         os.environ,
         PYTHONPATH=os.pathsep.join(part for part in [REPO, os.environ.get("PYTHONPATH")] if part),
     )
     return subprocess.run(
-        [sys.executable, SCRIPT, "--quick", "--json", str(json_path)],
+        [sys.executable, SCRIPT, "--quick", "--json", str(json_path), "--figure", str(figure_path)],
         capture_output=True,
         text=True,
         env=env,
@@ -41,8 +48,8 @@ def is_positive(value):
 
 
 def test_quick_benchmark_reports_every_figure(tmp_path):
-    json_path = tmp_path / "results.json"
-    result = run_quick_benchmark(json_path)
+    json_path, figure_path = tmp_path / "results.json", tmp_path / "overhead.png"
+    result = run_quick_benchmark(json_path, figure_path)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     results = json.loads(json_path.read_text())
 
@@ -59,6 +66,9 @@ def test_quick_benchmark_reports_every_figure(tmp_path):
                 isinstance(reads[origin], int) and reads[origin] >= 0 for origin in ORIGINS
             ), (run["workload"], name, reads)
         assert all(is_finite(run["ratios"][kind]) for kind in ("step", "minimize")), run
+        # Every bar the figure draws has its figure in the results.
+        assert set(OPTION_ROWS) <= set(run["impls"]), sorted(run["impls"])
+    assert figure_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     for bandwidth in results["bandwidth"]:
         for name in PASSES:
