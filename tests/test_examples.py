@@ -125,3 +125,13 @@ def test_help_documents_every_flag():
 def test_bad_flags_give_a_clear_error(args, message):
     result = run_example("train_digits", *args)
     assert result.returncode == 2 and message in result.stderr
+
+
+def test_paddleformers_trainer_trains_on_our_scaler_after_install():
+    """Runs only where PaddleFormers is installed (not in this project's test environment:
+    it pins NumPy and PyArrow versions of its own)."""
+    pytest.importorskip("paddleformers")
+    result = run_example("paddleformers_trainer", "--steps", "40")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "the Trainer built paddle_amp_scaler.scaler.GradScaler" in result.stdout
+    assert "skipped=5," in result.stdout and "parameters finite: True" in result.stdout
