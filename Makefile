@@ -10,10 +10,15 @@ STAMP := $(VENV)/.installed
 
 venv: $(STAMP)
 
+# Paddle 2.6's fleet cannot read its own strategy with protobuf 7 ("hybrid_configs is
+# not a attribute of DistributedStrategy"); 5.29 and 6.x work.
+PROTOBUF_FOR_PADDLE_2_6 := "protobuf>=5.29,<7"
+PINS := $(if $(filter 2.6.%,$(PADDLE)),$(PROTOBUF_FOR_PADDLE_2_6))
+
 $(STAMP): setup.py pyproject.toml paddle_amp_scaler/fused_unscale.cc
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[cpu,test,examples,docs]" "paddlepaddle==$(PADDLE)"
+	$(PY) -m pip install --quiet -e ".[cpu,test,examples,docs]" "paddlepaddle==$(PADDLE)" $(PINS)
 	@# Build the fused CPU kernel now (about 15 s, cached) rather than at the first step.
 	$(PY) -c "from paddle_amp_scaler import kernels; print('unscale paths:', kernels.unscale_paths())"
 	touch $(STAMP)

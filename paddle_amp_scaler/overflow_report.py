@@ -64,13 +64,15 @@ class OverflowRecorder:
         self._pending.append((owners, tallies))
         return found
 
-    def end_iteration(self, iteration: int) -> None:
-        """Read this iteration's counts (one device read) and log them if any overflowed."""
+    def end_iteration(self, iteration: int, found_inf: Tensor) -> None:
+        """Read this iteration's counts and verdict (one device read); keep the counts of
+        an iteration that found inf/nan, and log it if it skipped."""
         pending, self._pending = self._pending, []
         tallies = [tally for _, unscale_tallies in pending for tally in unscale_tallies]
-        if not tallies:
-            return
-        counts = paddle.concat(tallies).numpy().tolist()
+        # The verdict (reduced over ranks) rides in the same read, as a row of its own.
+        verdict = paddle.expand(found_inf.astype(paddle.int64), [1, 2])
+        rows = paddle.concat([verdict, *tallies]).numpy().tolist()
+        skipped, counts = bool(rows[0][0]), rows[1:]
         owners = [owner for unscale_owners, _ in pending for owner in unscale_owners]
         overflowed = [
             (
@@ -80,20 +82,30 @@ class OverflowRecorder:
             for (param, dtype), (inf, nan) in zip(owners, counts)
             if inf or nan
         ]
-        if not overflowed:
-            return
-        self._last = sorted(
-            (entry for _, entry in overflowed), key=lambda entry: -(entry.num_inf + entry.num_nan)
-        )
-        self._params = {param.name: param for param, _ in overflowed}
-        if paddle.distributed.get_rank() == 0:
-            entries = self.report()
-            named = ", ".join(
-                f"{entry.name} ({entry.num_inf} inf, {entry.num_nan} nan)"
-                for entry in entries[:_LOGGED]
+        if overflowed:
+            self._last = sorted(
+                (entry for _, entry in overflowed),
+                key=lambda entry: -(entry.num_inf + entry.num_nan),
             )
-            more = f" and {len(entries) - _LOGGED} more" if len(entries) > _LOGGED else ""
-            logger.warning("iteration %d skipped: inf/nan in %s%s", iteration, named, more)
+            self._params = {param.name: param for param, _ in overflowed}
+        if not skipped:
+            return
+        # Logged on rank 0 only, by the package logger's filter: in a distributed run
+        # another rank's gradients may be the ones that overflowed.
+        if not overflowed:
+            logger.warning(
+                "iteration %d skipped: inf/nan found, none in the gradients this rank "
+                "counted (another rank's, in a distributed run)",
+                iteration,
+            )
+            return
+        entries = self.report()
+        named = ", ".join(
+            f"{entry.name} ({entry.num_inf} inf, {entry.num_nan} nan)"
+            for entry in entries[:_LOGGED]
+        )
+        more = f" and {len(entries) - _LOGGED} more" if len(entries) > _LOGGED else ""
+        logger.warning("iteration %d skipped: inf/nan in %s%s", iteration, named, more)
 
     def report(self, model: Any = None) -> list[OverflowEntry]:
         """The gradients of the last iteration that found inf/nan, most elements first;

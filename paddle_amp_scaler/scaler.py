@@ -13,7 +13,7 @@ from paddle import Tensor
 from paddle.amp.auto_cast import amp_global_state
 from paddle.amp.grad_scaler import OptimizerState
 
-from . import kernels, optimizers, validation
+from . import distributed, kernels, optimizers, validation
 from .overflow_report import OverflowEntry, OverflowRecorder
 from .state import ScalerState, parse_state_dict
 from .statistics import OnStuck, RunCounters, ScalerStats, StuckPolicy
@@ -72,7 +72,10 @@ class AmpScaler:
     :class:`LossScaleStuckError`, or call a function with :meth:`stats`; the streak is
     read once every ``min(stuck_after, 100)`` iterations, the only read in a step),
     ``report_overflows`` (count inf and nan per gradient, for :meth:`overflow_report`
-    and a log line per skipped iteration: one device read per iteration).
+    and a log line per skipped iteration: one device read per iteration), ``group`` and
+    ``sync_found_inf`` (when ``paddle.distributed`` runs more than one rank, each
+    unscale's found-inf flag is reduced over ``group``, default every rank, on the
+    device, so that all ranks skip alike; ``sync_found_inf=False`` turns that off).
     """
 
     def __init__(
@@ -91,6 +94,8 @@ class AmpScaler:
         stuck_after: int | None = None,
         on_stuck: OnStuck = "warn",
         report_overflows: bool = False,
+        group: Any = None,
+        sync_found_inf: bool = True,
     ) -> None:
         self._enable = validation.check_bool(enable, "enable")
         self._bounds = validation.check_bounds(min_loss_scaling, max_loss_scaling)
@@ -133,6 +138,7 @@ class AmpScaler:
             if validation.check_bool(report_overflows, "report_overflows")
             else None
         )
+        self._sync = distributed.FoundInfSync(group, sync_found_inf)
         if self._enable:
             # Loads (or, once per machine, builds) the CPU kernel now, so that neither the
             # build nor its self-check lands inside a training step.
@@ -186,17 +192,17 @@ class AmpScaler:
         # The previous iteration's statistics ride along in the same call on a CPU.
         pending = self._run.take_pending()
         if self._overflows is None:
-            self._found_inf, counted = kernels.unscale_check_and_count_(
+            found_inf, counted = kernels.unscale_check_and_count_(
                 grads, self._scale, self._temp_found_inf_value_false, pending
             )
         else:
-            self._found_inf, counted = (
-                self._overflows.unscale_and_count_(
-                    params, grads, self._scale, self._temp_found_inf_value_false
-                ),
-                None,
+            found_inf = self._overflows.unscale_and_count_(
+                params, grads, self._scale, self._temp_found_inf_value_false
             )
+            counted = None
         self._run.settle(pending, counted)
+        # Before any rank decides: every rank then skips, updates and counts alike.
+        self._found_inf = self._sync.reduce(found_inf)
         state["state"] = OptimizerState.UNSCALED
 
     # -- internals ----------------------------------------------------------------
@@ -258,8 +264,10 @@ class AmpScaler:
         groups = kernels.grads_by_dtype_of(grads)
         state["grads"] = groups
         # Multiplying by exactly 1 leaves every value as it is: the kernel only checks.
-        state["found_inf"] = self._found_inf = kernels.unscale_and_check_(
-            groups, paddle.ones_like(self._scale), self._temp_found_inf_value_false
+        state["found_inf"] = self._found_inf = self._sync.reduce(
+            kernels.unscale_and_check_(
+                groups, paddle.ones_like(self._scale), self._temp_found_inf_value_false
+            )
         )
         state["state"] = OptimizerState.UNSCALED
 
@@ -323,7 +331,7 @@ class AmpScaler:
         self._run.record_(found_inf, (self._incr_count, self._decr_count) if dynamic else None)
         self._start_new_iteration()
         if self._overflows is not None:
-            self._overflows.end_iteration(self._run.iterations)
+            self._overflows.end_iteration(self._run.iterations, found_inf)
         # Last, so that a LossScaleStuckError leaves a consistent, resumable scaler.
         self._stuck_policy.after_iteration(self._run, self.stats)
 
@@ -383,6 +391,29 @@ class AmpScaler:
                 "report_overflows=True (one device read per iteration)"
             )
         return self._overflows.report(model)
+
+    def check_consistency(self) -> None:
+        """Raise ``RuntimeError`` naming the ranks whose scale, counters or statistics
+        differ from the first rank's; nothing to compare in a single process.
+
+        A debugging aid, not for every step: it reads the device and gathers from every
+        rank of the scaler's group (each of them must call it too).
+        """
+        if not self._enable:
+            return
+        stats = self.stats()
+        values = {
+            "scale": stats.scale,
+            "incr_count": self.get_incr_count(),
+            "decr_count": self.get_decr_count(),
+            "iterations": stats.iterations,
+            "skipped": stats.skipped,
+            "skip_streak": stats.skip_streak,
+            "last_skipped": -1 if stats.last_skipped is None else stats.last_skipped,
+            "growths": stats.growths,
+            "backoffs": stats.backoffs,
+        }
+        distributed.check_consistency(self._sync.group, values)
 
     def last_step_skipped(self) -> bool:
         """Whether the most recent iteration skipped its step (reads the device); False
@@ -544,6 +575,8 @@ class GradScaler(AmpScaler):
         stuck_after: int | None = None,
         on_stuck: OnStuck = "warn",
         report_overflows: bool = False,
+        group: Any = None,
+        sync_found_inf: bool = True,
     ) -> None:
         super().__init__(
             enable,
@@ -559,6 +592,8 @@ class GradScaler(AmpScaler):
             stuck_after=stuck_after,
             on_stuck=on_stuck,
             report_overflows=report_overflows,
+            group=group,
+            sync_found_inf=sync_found_inf,
         )
 
     def step(self, optimizer: Any) -> None:

@@ -19,7 +19,7 @@ import numpy.typing as npt
 import paddle
 from paddle import Tensor
 
-from . import fused_cpu, kernels
+from . import distributed, fused_cpu, kernels
 
 logger = logging.getLogger("paddle_amp_scaler")
 # Untyped for the checker: see kernels.py.
@@ -281,4 +281,5 @@ class StuckPolicy:
             if streak_start != self._warned_streak_start:
                 self._warned_streak_start = streak_start
                 logger.warning(message)
-                warnings.warn(message, RuntimeWarning, stacklevel=4)
+                if distributed.on_rank_zero():  # as the log: one rank speaks for all
+                    warnings.warn(message, RuntimeWarning, stacklevel=4)

@@ -1,0 +1,116 @@
+"""Ranks in agreement: the found-inf flag reduced over a process group, a check that
+every rank holds the same scaler state, and logs from rank 0 only.
+
+With sharding, tensor or pipeline parallelism each rank checks different gradients; a
+rank that skips a step while another takes it corrupts the model. So the flag of each
+unscale is reduced (MAX) over the group before any rank decides, with Paddle's own
+collective, on the device: every rank skips the same steps, and since the update rule
+and the statistics follow the flag, holds the same scale, counters and statistics.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import paddle
+import paddle.distributed as dist
+from paddle import Tensor
+from paddle.distributed.communication.group import Group
+
+from . import validation
+
+
+class RankZeroOnly(logging.Filter):
+    """Lets a record through on rank 0 only: in a run of N ranks, one log, not N.
+
+    Installed on the ``paddle_amp_scaler`` logger; remove it
+    (``logging.getLogger("paddle_amp_scaler").removeFilter(rank_zero_only)``) to hear
+    from every rank.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return on_rank_zero()
+
+
+rank_zero_only = RankZeroOnly()
+logging.getLogger("paddle_amp_scaler").addFilter(rank_zero_only)
+
+
+def on_rank_zero() -> bool:
+    """Whether this process is rank 0 of the run (or the only one)."""
+    return bool(dist.get_rank() == 0)
+
+
+class FoundInfSync:
+    """Reduces found-inf flags over ``group`` (None: every rank) when
+    ``paddle.distributed`` runs more than one rank and ``enabled`` is True."""
+
+    def __init__(self, group: Any, enabled: Any) -> None:
+        if group is not None and not isinstance(group, Group):
+            raise TypeError(
+                "group must be None or a paddle.distributed group (from "
+                f"paddle.distributed.new_group), got {type(group).__name__}"
+            )
+        self.group = group
+        self.enabled = validation.check_bool(enabled, "sync_found_inf")
+
+    def active(self) -> bool:
+        """Whether a flag is reduced now: checked at each call (about a microsecond), so
+        that a scaler built before ``init_parallel_env`` reduces once it has run."""
+        return self.enabled and spans_ranks(self.group)
+
+    def reduce(self, found_inf: Tensor) -> Tensor:
+        """``found_inf`` (bool [1]) OR-ed over the group's ranks, on the device, no read;
+        ``found_inf`` itself when no reduction is due.
+
+        Every rank must call this for the same unscales in the same order, whatever its
+        gradients: the scaler calls it once per unscale, gradients or none.
+        """
+        if not self.active():
+            return found_inf
+        # Collectives take no bool: as int32, MAX over ranks is OR.
+        flag = found_inf.astype(paddle.int32)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
+        return flag.astype(paddle.bool)
+
+
+def spans_ranks(group: Group | None) -> bool:
+    """Whether ``paddle.distributed`` is initialised with more than one rank in
+    ``group`` (None: the global group)."""
+    return bool(dist.is_initialized() and dist.get_world_size(group) > 1)
+
+
+def check_consistency(group: Group | None, values: dict[str, float]) -> None:
+    """Gather ``values`` from every rank of ``group`` and raise ``RuntimeError`` naming
+    the ranks and the values that differ from rank 0's (or the group's first rank's).
+
+    A collective: every rank of the group must call it. Reads the device.
+    """
+    if not spans_ranks(group):
+        return
+    names = list(values)
+    mine = paddle.to_tensor([float(values[name]) for name in names], dtype=paddle.float64)
+    gathered: list[Tensor] = []
+    dist.all_gather(gathered, mine, group=group)
+    rows = [row.numpy().tolist() for row in gathered]
+    ranks = list(group.ranks) if group is not None else list(range(len(rows)))
+    reference = rows[0]
+    differences = [
+        f"rank {rank}: "
+        + ", ".join(
+            f"{name} {value:g} (rank {ranks[0]}: {expected:g})"
+            for name, value, expected in zip(names, row, reference)
+            if value != expected
+        )
+        for rank, row in zip(ranks, rows)
+        if row != reference
+    ]
+    if differences:
+        raise RuntimeError(
+            "the scaler differs between ranks; "
+            + "; ".join(differences)
+            + ". Every rank must build it alike, load the same state and step the same "
+            "optimizers; keep sync_found_inf=True unless every rank's gradients are "
+            "identical"
+        )
