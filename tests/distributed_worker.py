@@ -179,6 +179,40 @@ def resume(rank, out, phase):
     np.savez(os.path.join(out, f"resume_{phase}.rank{rank}.npz"), **results)
 
 
+def resume_from_rank_zero(rank, out, phase):
+    """DataParallel, every rank identical: rank 0 alone saves (model, optimizer, scaler)
+    at step 3; in new processes every rank loads that one file and finishes."""
+    path = os.path.join(out, "rank0.pdckpt")
+    data = [(x[rank * 8 : rank * 8 + 8], y[rank * 8 : rank * 8 + 8]) for x, y in batches(seed=7)]
+    injected = {1, 4} if rank == 1 else set()
+
+    def build():
+        model = paddle.DataParallel(make_model(seed=0))
+        optimizer = paddle.optimizer.Adam(learning_rate=0.01, parameters=model.parameters())
+        return model, optimizer, GradScaler(**SCALER_ARGS)
+
+    results = {}
+    if phase == "first":
+        model, optimizer, scaler = build()
+        log = []
+        train(scaler, model, optimizer, data, injected, log, range(len(data)))
+        results["whole_log"] = np.array(log, dtype="float64")
+        results.update({f"whole_param{i}": p.numpy() for i, p in enumerate(model.parameters())})
+        model, optimizer, scaler = build()
+        train(scaler, model, optimizer, data, injected, [], range(3))
+        if rank == 0:
+            save_checkpoint(path, model=model, optimizer=optimizer, scaler=scaler, step=3)
+        dist.barrier()
+    else:
+        model, optimizer, scaler = build()
+        step = load_checkpoint(path, model=model, optimizer=optimizer, scaler=scaler)
+        log = []
+        train(scaler, model, optimizer, data, injected, log, range(step, len(data)))
+        results["resumed_log"] = np.array(log, dtype="float64")
+        results.update({f"resumed_param{i}": p.numpy() for i, p in enumerate(model.parameters())})
+    np.savez(os.path.join(out, f"dp_resume_{phase}.rank{rank}.npz"), **results)
+
+
 def fleet_run(rank, out, degree):
     """fleet with its distributed optimizer and scaler, over gloo on the CPU: pure data
     parallelism (dp) or tensor-parallel groups (mp), where fleet replaces _unscale."""
@@ -219,6 +253,8 @@ def main():
         data_parallel(rank, out)
     elif scenario in ("resume_first", "resume_second"):
         resume(rank, out, scenario.split("_")[1])
+    elif scenario in ("dp_resume_first", "dp_resume_second"):
+        resume_from_rank_zero(rank, out, scenario.split("_")[2])
     elif scenario in ("fleet_dp", "fleet_mp"):
         fleet_run(rank, out, scenario.split("_")[1])
     else:

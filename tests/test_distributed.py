@@ -183,6 +183,12 @@ def test_the_data_parallel_example_runs_on_two_ranks(tmp_path):
     assert "2 ranks agree" not in logs[1]
 
 
+def test_the_two_rank_benchmark_reports_the_reduction(tmp_path):
+    script = os.path.join(REPO, "benchmarks", "bench_distributed.py")
+    _, logs = run_on_ranks(script, ["--rounds", "5", "--workload", "4x1K"], tmp_path)
+    assert "the reduction: " in logs[0] and "ms per step" in logs[0], logs[0][-2000:]
+
+
 def test_logs_and_warnings_come_from_rank_zero_only(tmp_path):
     first, second = launch("logs", tmp_path)
     # Steps 1 and 2 overflowed on rank 1 (step 5 on rank 0): every rank skipped them.
@@ -237,6 +243,18 @@ def test_a_resumed_distributed_run_ends_bit_identical(tmp_path):
         ):
             np.testing.assert_array_equal(got, want)
     np.testing.assert_array_equal(whole[0]["whole_log"], whole[1]["whole_log"])
+
+
+def test_one_checkpoint_saved_on_rank_zero_resumes_every_rank_bit_identical(tmp_path):
+    whole = launch("dp_resume_first", tmp_path)
+    resumed = launch("dp_resume_second", tmp_path)
+    for rank in range(2):
+        np.testing.assert_array_equal(resumed[rank]["resumed_log"], whole[rank]["whole_log"][3:])
+        for got, want in zip(
+            params_in(resumed[rank], "resumed_param"), params_in(whole[rank], "whole_param")
+        ):
+            np.testing.assert_array_equal(got, want)
+    assert whole[0]["whole_log"][:, 0].tolist() == [0, 1, 0, 0, 1, 0]  # rank 1's infs
 
 
 @pytest.mark.parametrize("degree", ["dp", "mp"])
