@@ -6,14 +6,14 @@ VENV := .venv-paddle$(PADDLE)
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-long lint docs venv clean
+.PHONY: demo test test-long test-matrix lint docs venv clean
 
 venv: $(STAMP)
 
-# Paddle 2.6's fleet cannot read its own strategy with protobuf 7 ("hybrid_configs is
-# not a attribute of DistributedStrategy"); 5.29 and 6.x work.
-PROTOBUF_FOR_PADDLE_2_6 := "protobuf>=5.29,<7"
-PINS := $(if $(filter 2.6.%,$(PADDLE)),$(PROTOBUF_FOR_PADDLE_2_6))
+# Before 3.3, Paddle's fleet cannot read its own strategy with protobuf 7
+# ("hybrid_configs is not a attribute of DistributedStrategy"); 5.29 and 6.x work.
+PROTOBUF_BEFORE_PADDLE_3_3 := "protobuf>=5.29,<7"
+PINS := $(if $(filter 2.6.% 3.0.% 3.1.% 3.2.%,$(PADDLE)),$(PROTOBUF_BEFORE_PADDLE_3_3))
 
 $(STAMP): setup.py pyproject.toml paddle_amp_scaler/fused_unscale.cc
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,15 @@ demo: $(STAMP)
 
 test: $(STAMP) lint docs
 	$(PY) -m pytest -q tests
+
+# The whole suite against every Paddle release on PyPI from 2.6.2 on (not part of CI,
+# which keeps the newest and the oldest); each version gets its own environment.
+MATRIX ?= 2.6.2 3.0.0 3.1.1 3.2.2 3.3.1
+test-matrix:
+	@for version in $(MATRIX); do \
+		echo "== Paddle $$version"; \
+		$(MAKE) --no-print-directory test PADDLE=$$version || exit 1; \
+	done
 
 # Lint, import order and formatting (ruff), and types of the package (mypy, strict);
 # configured in pyproject.toml. `ruff check --fix` and `ruff format` repair most of it.
