@@ -146,71 +146,52 @@ def data_parallel(rank, out):
     np.savez(os.path.join(out, f"dp.rank{rank}.npz"), log=np.array(log, dtype="float64"), **params)
 
 
-def resume(rank, out, phase):
-    """phase "first": an uninterrupted run, and one that saves at step 4 (a file per rank);
-    phase "second", in new processes: load that file and finish."""
-    data = batches(seed=rank, steps=STEPS)
-    path = os.path.join(out, f"checkpoint.rank{rank}.pdckpt")
+def resume(rank, out, scenario, phase):
+    """Phase "first": an uninterrupted run, and one that saves a checkpoint part-way;
+    phase "second", in new processes: load it and finish.
+
+    "resume": independent ranks (Adam, each on its own data), one file per rank, saved
+    after step 4. "dp_resume": DataParallel, every rank identical, one file saved by
+    rank 0 alone after step 3 and loaded by every rank.
+    """
+    if scenario == "resume":
+        data, injected, wrap = batches(seed=rank, steps=STEPS), INJECTED[rank], None
+        path, stop, saves = os.path.join(out, f"checkpoint.rank{rank}.pdckpt"), 4, True
+    else:
+        data = [
+            (x[rank * 8 : rank * 8 + 8], y[rank * 8 : rank * 8 + 8]) for x, y in batches(seed=7)
+        ]
+        injected, wrap = ({1, 4} if rank == 1 else set()), paddle.DataParallel
+        path, stop, saves = os.path.join(out, "rank0.pdckpt"), 3, rank == 0
 
     def build():
         model = make_model(seed=0)
+        model = wrap(model) if wrap else model
         optimizer = paddle.optimizer.Adam(learning_rate=0.01, parameters=model.parameters())
         return model, optimizer, GradScaler(**SCALER_ARGS)
 
-    results = {}
-    if phase == "first":
-        model, optimizer, scaler = build()
-        log = []
-        train(scaler, model, optimizer, data, INJECTED[rank], log)
-        results["whole_log"] = np.array(log, dtype="float64")
-        for index, param in enumerate(model.parameters()):
-            results[f"whole_param{index}"] = param.numpy()
-        model, optimizer, scaler = build()
-        train(scaler, model, optimizer, data, INJECTED[rank], [], steps=range(4))
-        save_checkpoint(path, model=model, optimizer=optimizer, scaler=scaler, step=4)
-    else:
-        model, optimizer, scaler = build()
-        step = load_checkpoint(path, model=model, optimizer=optimizer, scaler=scaler)
-        log = []
-        train(scaler, model, optimizer, data, INJECTED[rank], log, steps=range(step, STEPS))
-        results["resumed_log"] = np.array(log, dtype="float64")
-        for index, param in enumerate(model.parameters()):
-            results[f"resumed_param{index}"] = param.numpy()
-    np.savez(os.path.join(out, f"resume_{phase}.rank{rank}.npz"), **results)
-
-
-def resume_from_rank_zero(rank, out, phase):
-    """DataParallel, every rank identical: rank 0 alone saves (model, optimizer, scaler)
-    at step 3; in new processes every rank loads that one file and finishes."""
-    path = os.path.join(out, "rank0.pdckpt")
-    data = [(x[rank * 8 : rank * 8 + 8], y[rank * 8 : rank * 8 + 8]) for x, y in batches(seed=7)]
-    injected = {1, 4} if rank == 1 else set()
-
-    def build():
-        model = paddle.DataParallel(make_model(seed=0))
-        optimizer = paddle.optimizer.Adam(learning_rate=0.01, parameters=model.parameters())
-        return model, optimizer, GradScaler(**SCALER_ARGS)
+    def keep(name, model, log):
+        results[f"{name}_log"] = np.array(log, dtype="float64")
+        results.update({f"{name}_param{i}": p.numpy() for i, p in enumerate(model.parameters())})
 
     results = {}
     if phase == "first":
         model, optimizer, scaler = build()
         log = []
         train(scaler, model, optimizer, data, injected, log, range(len(data)))
-        results["whole_log"] = np.array(log, dtype="float64")
-        results.update({f"whole_param{i}": p.numpy() for i, p in enumerate(model.parameters())})
+        keep("whole", model, log)
         model, optimizer, scaler = build()
-        train(scaler, model, optimizer, data, injected, [], range(3))
-        if rank == 0:
-            save_checkpoint(path, model=model, optimizer=optimizer, scaler=scaler, step=3)
+        train(scaler, model, optimizer, data, injected, [], range(stop))
+        if saves:
+            save_checkpoint(path, model=model, optimizer=optimizer, scaler=scaler, step=stop)
         dist.barrier()
     else:
         model, optimizer, scaler = build()
         step = load_checkpoint(path, model=model, optimizer=optimizer, scaler=scaler)
         log = []
         train(scaler, model, optimizer, data, injected, log, range(step, len(data)))
-        results["resumed_log"] = np.array(log, dtype="float64")
-        results.update({f"resumed_param{i}": p.numpy() for i, p in enumerate(model.parameters())})
-    np.savez(os.path.join(out, f"dp_resume_{phase}.rank{rank}.npz"), **results)
+        keep("resumed", model, log)
+    np.savez(os.path.join(out, f"{scenario}_{phase}.rank{rank}.npz"), **results)
 
 
 def fleet_run(rank, out, degree):
@@ -251,10 +232,8 @@ def main():
         logs_from_rank_zero(rank, out)
     elif scenario == "dp":
         data_parallel(rank, out)
-    elif scenario in ("resume_first", "resume_second"):
-        resume(rank, out, scenario.split("_")[1])
-    elif scenario in ("dp_resume_first", "dp_resume_second"):
-        resume_from_rank_zero(rank, out, scenario.split("_")[2])
+    elif scenario.startswith(("resume_", "dp_resume_")):
+        resume(rank, out, *scenario.rsplit("_", 1))
     elif scenario in ("fleet_dp", "fleet_mp"):
         fleet_run(rank, out, scenario.split("_")[1])
     else:

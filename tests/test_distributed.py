@@ -233,27 +233,29 @@ def test_data_parallel_ranks_equal_a_single_process_over_the_global_batch(tmp_pa
         np.testing.assert_allclose(first[f"param{index}"], param.numpy(), rtol=1e-5, atol=1e-6)
 
 
-def test_a_resumed_distributed_run_ends_bit_identical(tmp_path):
-    whole = launch("resume_first", tmp_path)
-    resumed = launch("resume_second", tmp_path)
+def resume_on_ranks(scenario, tmp_path, saved_after):
+    """Both phases of the worker's ``scenario``; asserts that each rank's resumed run ends
+    as its uninterrupted run did, bit for bit, and returns the uninterrupted runs."""
+    whole = launch(f"{scenario}_first", tmp_path)
+    resumed = launch(f"{scenario}_second", tmp_path)
     for rank in range(2):
-        np.testing.assert_array_equal(resumed[rank]["resumed_log"], whole[rank]["whole_log"][4:])
+        np.testing.assert_array_equal(
+            resumed[rank]["resumed_log"], whole[rank]["whole_log"][saved_after:]
+        )
         for got, want in zip(
             params_in(resumed[rank], "resumed_param"), params_in(whole[rank], "whole_param")
         ):
             np.testing.assert_array_equal(got, want)
+    return whole
+
+
+def test_a_resumed_distributed_run_ends_bit_identical(tmp_path):
+    whole = resume_on_ranks("resume", tmp_path, saved_after=4)
     np.testing.assert_array_equal(whole[0]["whole_log"], whole[1]["whole_log"])
 
 
 def test_one_checkpoint_saved_on_rank_zero_resumes_every_rank_bit_identical(tmp_path):
-    whole = launch("dp_resume_first", tmp_path)
-    resumed = launch("dp_resume_second", tmp_path)
-    for rank in range(2):
-        np.testing.assert_array_equal(resumed[rank]["resumed_log"], whole[rank]["whole_log"][3:])
-        for got, want in zip(
-            params_in(resumed[rank], "resumed_param"), params_in(whole[rank], "whole_param")
-        ):
-            np.testing.assert_array_equal(got, want)
+    whole = resume_on_ranks("dp_resume", tmp_path, saved_after=3)
     assert whole[0]["whole_log"][:, 0].tolist() == [0, 1, 0, 0, 1, 0]  # rank 1's infs
 
 
