@@ -30,16 +30,16 @@ __all__ = ["amp_guard", "auto_cast", "custom_bwd", "custom_fwd", "decorate"]
 
 # Where custom_fwd leaves its record on the PyLayer's context for custom_bwd.
 _STATE_ATTR = "_paddle_amp_scaler_autocast"
+_DTYPES_ATTR = "_paddle_amp_scaler_input_dtypes"
+_CASTABLE = (paddle.float16, paddle.bfloat16, paddle.float32)
+# What custom_fwd records when it ran with no dygraph tracer (under paddle.jit.to_static).
+_NO_TRACER = object()
 
 # Under paddle.jit.to_static, Paddle 3.0 re-applies a forward's decorators from its
 # source and converts each decorator on the way, losing its keyword-only defaults
 # ("custom_fwd() missing 2 required keyword-only arguments"). Nothing here is meant
 # for conversion: dy2static calls it as it is.
 paddle.jit.ignore_module([sys.modules[__name__]])
-_DTYPES_ATTR = "_paddle_amp_scaler_input_dtypes"
-_CASTABLE = (paddle.float16, paddle.bfloat16, paddle.float32)
-# What custom_fwd records when it ran with no dygraph tracer (under paddle.jit.to_static).
-_NO_TRACER = object()
 
 
 @dataclasses.dataclass(frozen=True)
