@@ -168,7 +168,9 @@ def _runner() -> FusedOps:
 def _verify(ops: FusedOps) -> None:
     """Check the ops against known answers before trusting them with gradients.
 
-    Reads their own small CPU tensors back, once per process, when the scaler is built.
+    Reads its own small CPU tensors back (never a gradient), once per process when the
+    ops are first loaded: every scaler's constructor loads them, so that neither the
+    build nor these reads land in a training step.
     """
     unscale_and_check = ops.unscale_and_check
     for dtype in ("float32", "float64"):

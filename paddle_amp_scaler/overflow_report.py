@@ -46,17 +46,23 @@ class OverflowRecorder:
         self._params: dict[str, Any] = {}  # the parameters of self._last, by Paddle name
 
     def unscale_and_count_(
-        self, params: list[Any], grads: kernels.GradGroups, scale: Tensor, all_finite: Tensor
+        self,
+        params: list[Any],
+        grads_in_order: list[Tensor | None],
+        grads: kernels.GradGroups,
+        scale: Tensor,
+        all_finite: Tensor,
     ) -> Tensor:
-        """``kernels.unscale_and_check_`` of ``params``' gradients ``grads``, queueing
-        each one's inf and nan counts, taken before it is unscaled."""
+        """``kernels.unscale_and_check_`` of ``grads``, the gradients of ``params``
+        (``grads_in_order``: ``kernels.grads_of(params)``, grouped), queueing each one's
+        inf and nan counts, taken before it is unscaled."""
         found, tallies = kernels.unscale_check_and_tally_(grads, scale, all_finite)
         # The kernels' order: grouped by dtype, groups in order of first appearance.
         group_of = {dtype: index for index, dtype in enumerate(grads)}
         owners = sorted(
             (
                 (param, grad.dtype)
-                for param, grad in zip(params, kernels.grads_of(params))
+                for param, grad in zip(params, grads_in_order)
                 if kernels.is_checked(grad)
             ),
             key=lambda owner: group_of[owner[1]],

@@ -187,7 +187,8 @@ class AmpScaler:
         state = self._optimizer_states[id(optimizer)]
         _refuse_unscale_in(state["state"])
         params = optimizers.parameters_of(optimizer)
-        grads = kernels.grads_by_dtype(params)
+        grads_in_order = kernels.grads_of(params)
+        grads = kernels.grads_by_dtype_of(grads_in_order)
         state["grads"] = grads
         # The previous iteration's statistics ride along in the same call on a CPU.
         pending = self._run.take_pending()
@@ -197,7 +198,7 @@ class AmpScaler:
             )
         else:
             found_inf = self._overflows.unscale_and_count_(
-                params, grads, self._scale, self._temp_found_inf_value_false
+                params, grads_in_order, grads, self._scale, self._temp_found_inf_value_false
             )
             counted = None
         self._run.settle(pending, counted)
