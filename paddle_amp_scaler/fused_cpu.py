@@ -1,17 +1,19 @@
-"""A fused CPU unscale-and-check kernel, compiled on first use with Paddle's custom-op tools.
+"""The scaler's CPU work compiled (``fused_unscale.cc``), built on first use with Paddle's
+extension tools.
 
 On CPU, Paddle's ``check_finite_and_unscale`` makes three passes over each gradient
-(a bool buffer, its reduction, the multiply). ``fused_unscale.cc`` makes one: it
-multiplies in place and OR-reduces the exponent bits, vectorised, at about the speed
-of a plain copy. The results are bit-identical to Paddle's kernel (the same
-``x * (1 / scale)`` in the gradient's precision, the same inf/nan verdict). A second op
-counts an iteration's statistics in one call where Paddle ops take six, each of which
-costs microseconds of dispatch on a CPU; a third unscales and counts each gradient's inf
-and nan elements in the same pass, for the overflow report.
+(a bool buffer, its reduction, the multiply). The compiled module makes one: it
+multiplies in place and max-reduces the exponent bits, vectorised, at about the speed
+of a plain copy, bit-identical to Paddle's kernel (the same ``x * (1 / scale)`` in the
+gradient's precision, the same inf/nan verdict). It also applies the update rule, counts
+an iteration's statistics, zeroes a plain SGD step's gradients, and unscales while
+counting each gradient's inf and nan elements for the overflow report: each a function
+call of a few microseconds, where a Paddle operation costs tens right after a training
+step (see the source for why it is not a Paddle custom operator).
 
 The build needs a C++ compiler and takes about 15 s, once per Paddle version and
 source revision (cached under Paddle's extension directory). Without a compiler, or
-with ``PADDLE_AMP_SCALER_FUSED=0`` in the environment, the scaler uses Paddle's kernel.
+with ``PADDLE_AMP_SCALER_FUSED=0`` in the environment, the scaler uses Paddle's kernels.
 """
 
 from __future__ import annotations
@@ -21,43 +23,31 @@ import fcntl
 import functools
 import glob
 import hashlib
+import importlib.util
 import io
 import logging
 import os
 import shutil
 import warnings
-from collections.abc import Callable, Iterator, Sequence
-from typing import NamedTuple
+from collections.abc import Iterator
+from types import ModuleType
+from typing import Any
 
 import numpy as np
 import paddle
-from paddle import Tensor
 
 logger = logging.getLogger("paddle_amp_scaler")
 
 _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fused_unscale.cc")
 _BUILT = "paddle_amp_scaler.built"
 
-# unscale_and_check(grads, scale) -> found_inf; grads share one dtype, scale has it too.
-UnscaleAndCheck = Callable[[Sequence[Tensor], Tensor], Tensor]
-# count_iteration(row, found, incr_count, decr_count, dynamic) -> the next row of
-# statistics.py's counters.
-CountIteration = Callable[[Tensor, Tensor, Tensor, Tensor, bool], Tensor]
-# unscale_check_and_count(grads, scale, row, found, incr, decr, dynamic) -> (found_inf,
-# row): the previous iteration's count done in the same call as this one's unscale.
-UnscaleCheckAndCount = Callable[
-    [Sequence[Tensor], Tensor, Tensor, Tensor, Tensor, Tensor, bool], tuple[Tensor, Tensor]
-]
-# unscale_check_and_tally(grads, scale) -> (found_inf, tally): tally is int64
-# [len(grads), 2], each gradient's (infs, nans) before it was unscaled.
-UnscaleCheckAndTally = Callable[[Sequence[Tensor], Tensor], tuple[Tensor, Tensor]]
-
-
-class FusedOps(NamedTuple):
-    unscale_and_check: UnscaleAndCheck
-    count_iteration: CountIteration
-    unscale_check_and_count: UnscaleCheckAndCount
-    unscale_check_and_tally: UnscaleCheckAndTally
+# The compiled module: unscale_and_check(grads, scale) -> (found_inf, found as a bool);
+# unscale_check_and_tally(grads, scale) -> (found_inf, tally);
+# zero_if_found(grads, found_inf); update_scale(found_inf, scale, incr_count, decr_count,
+# incr_every_n_steps, decr_every_n_nan_or_inf, incr_ratio, decr_ratio);
+# count_iteration(row, found_inf, incr_count, decr_count, dynamic). Grads are float32 or
+# float64 CPU tensors, mixed as they come; the last three write their tensors in place.
+FusedOps = Any
 
 
 def disabled_by_environment() -> bool:
@@ -66,11 +56,11 @@ def disabled_by_environment() -> bool:
 
 @functools.cache
 def load() -> FusedOps | None:
-    """The compiled ops, built if need be; None if they cannot be had here."""
+    """The compiled module, built if need be; None if it cannot be had here."""
     if disabled_by_environment():
         return None
     try:
-        return _build_or_register()
+        return _build_or_import()
     except Exception as error:  # no compiler, no headers, a failed check: fall back
         logger.warning(
             "fused CPU unscale kernel unavailable (%s); using Paddle's "
@@ -80,7 +70,7 @@ def load() -> FusedOps | None:
         return None
 
 
-def _build_or_register() -> FusedOps:
+def _build_or_import() -> FusedOps:
     from paddle.utils import cpp_extension
 
     with open(_SOURCE, "rb") as source:
@@ -93,13 +83,12 @@ def _build_or_register() -> FusedOps:
     # One builder at a time; a build killed half-way has no marker and is redone.
     with _exclusive(directory + ".lock"):
         if os.path.exists(marker):
-            # Registering the built library directly skips the seconds that
+            # Importing the built library directly skips the seconds that
             # cpp_extension.load spends re-checking the build in every process.
-            with open(marker, encoding="utf-8") as built, _quiet_paddle_build_output():
-                cpp_extension.load_op_meta_info_and_register_op(built.read().strip())
-            runner = _runner()
-            _verify(runner)
-            return runner
+            with open(marker, encoding="utf-8") as built:
+                module = _import(name, built.read().strip())
+            _verify(module)
+            return module
         shutil.rmtree(directory, ignore_errors=True)
         os.makedirs(directory)
         logger.info("building the fused CPU unscale kernel in %s (once, about 15 s)", directory)
@@ -109,114 +98,77 @@ def _build_or_register() -> FusedOps:
                 name=name,
                 sources=[_SOURCE],
                 build_directory=directory,
-                extra_cxx_cflags=["-O3", "-fopenmp-simd"],
+                extra_cxx_cflags=["-O3", "-fopenmp-simd", f"-DPADDLE_AMP_SCALER_MODULE={name}"],
                 verbose=False,
             )
-        runner = _runner()
-        _verify(runner)
         libraries = glob.glob(os.path.join(directory, "**", "*.so"), recursive=True)
         if len(libraries) != 1:
             raise RuntimeError(f"expected one built library in {directory}, found {libraries}")
+        module = _import(name, libraries[0])
+        _verify(module)
         with open(marker, "w", encoding="utf-8") as built:
             built.write(libraries[0])
-    return runner
+    return module
 
 
-def _runner() -> FusedOps:
-    # How Paddle's generated wrappers call a registered custom op, in 3.x and in 2.6:
-    # inputs, then attributes, positionally.
-    run = getattr(paddle._C_ops, "_run_custom_op", None) or paddle.base.core.eager._run_custom_op
-
-    def unscale_and_check(grads: Sequence[Tensor], scale: Tensor) -> Tensor:
-        return run("fused_unscale_and_check", grads, scale)[0]
-
-    def count_iteration(
-        row: Tensor, found: Tensor, incr_count: Tensor, decr_count: Tensor, dynamic: bool
-    ) -> Tensor:
-        return run("fused_count_iteration", row, found, incr_count, decr_count, dynamic)[0]
-
-    def unscale_check_and_count(
-        grads: Sequence[Tensor],
-        scale: Tensor,
-        row: Tensor,
-        found: Tensor,
-        incr_count: Tensor,
-        decr_count: Tensor,
-        dynamic: bool,
-    ) -> tuple[Tensor, Tensor]:
-        found_inf, counted = run(
-            "fused_unscale_check_and_count",
-            grads,
-            scale,
-            row,
-            found,
-            incr_count,
-            decr_count,
-            dynamic,
-        )
-        return found_inf, counted
-
-    def unscale_check_and_tally(grads: Sequence[Tensor], scale: Tensor) -> tuple[Tensor, Tensor]:
-        found_inf, tally = run("fused_unscale_check_and_tally", grads, scale)
-        return found_inf, tally
-
-    return FusedOps(
-        unscale_and_check, count_iteration, unscale_check_and_count, unscale_check_and_tally
-    )
+def _import(name: str, library: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, library)
+    if spec is None or spec.loader is None:
+        raise RuntimeError(f"{library} cannot be imported as a module")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _verify(ops: FusedOps) -> None:
-    """Check the ops against known answers before trusting them with gradients.
+    """Check the module against known answers before trusting it with gradients.
 
     Reads its own small CPU tensors back (never a gradient), once per process when the
-    ops are first loaded: every scaler's constructor loads them, so that neither the
+    module is first loaded: every scaler's constructor loads it, so that neither the
     build nor these reads land in a training step.
     """
-    unscale_and_check = ops.unscale_and_check
     for dtype in ("float32", "float64"):
-        scale = paddle.to_tensor([2.0], dtype=dtype)
+        scale = paddle.to_tensor([2.0])
         values = [1.0, -2.0, 0.5, 3e38, -0.0]
         finite = paddle.to_tensor(values, dtype=dtype)
-        found = unscale_and_check([finite], scale).numpy()[0]
+        found_inf, found = ops.unscale_and_check([finite], scale)
+        found = found or found_inf.numpy()[0]
         expected = np.array(values, dtype=dtype) * np.array(0.5, dtype=dtype)
         if found or not np.array_equal(finite.numpy(), expected):
             raise RuntimeError(f"the compiled kernel failed its check on finite {dtype}")
         for bad in (np.inf, -np.inf, np.nan):
             grads = [finite, paddle.to_tensor([1.0, bad, 2.0], dtype=dtype)]
-            if not unscale_and_check(grads, scale).numpy()[0]:
+            found_inf, found = ops.unscale_and_check(grads, scale)
+            if not (found and found_inf.numpy()[0]):
                 raise RuntimeError(f"the compiled kernel missed {bad} in {dtype}")
-    # [skipped, skip_streak, since_skip, growths, backoffs, 1]: a skip that backs off.
-    row = paddle.to_tensor([[2.0, 1.0, 0.0, 5.0, 3.0, 1.0]], dtype="float64")
-    zero, one = paddle.to_tensor([0], dtype="int32"), paddle.to_tensor([1], dtype="int32")
-    counted = ops.count_iteration(row, paddle.to_tensor([True]), zero, zero, True).numpy()
-    if counted.tolist() != [[3.0, 2.0, 0.0, 5.0, 4.0, 1.0]] or row.numpy()[0, 0] != 2.0:
-        raise RuntimeError("the compiled counter failed its check on a skipped iteration")
-    counted = ops.count_iteration(row, paddle.to_tensor([False]), one, zero, True).numpy()
-    if counted.tolist() != [[2.0, 0.0, 1.0, 5.0, 3.0, 1.0]]:
-        raise RuntimeError("the compiled counter failed its check on a finite iteration")
-    grads = [paddle.to_tensor([4.0, np.inf], dtype="float32")]
-    found, counted = ops.unscale_check_and_count(
-        grads, paddle.to_tensor([2.0]), row, paddle.to_tensor([False]), zero, zero, True
-    )
-    if (
-        not found.numpy()[0]
-        or counted.numpy().tolist() != [[2.0, 0.0, 1.0, 6.0, 3.0, 1.0]]
-        or grads[0].numpy()[0] != 2.0
-    ):
-        raise RuntimeError("the compiled unscale-and-count failed its check")
-    for dtype in ("float32", "float64"):
         grads = [
             paddle.to_tensor([np.inf, -np.inf, np.nan, 4.0], dtype=dtype),
             paddle.to_tensor([8.0], dtype=dtype),
             paddle.to_tensor([-np.nan, np.inf, 1.0], dtype=dtype),
         ]
-        found, tally = ops.unscale_check_and_tally(grads, paddle.to_tensor([2.0], dtype=dtype))
+        found, tally = ops.unscale_check_and_tally(grads, scale)
         if (
             not found.numpy()[0]
             or tally.numpy().tolist() != [[2, 1], [0, 0], [1, 1]]
             or grads[1].numpy()[0] != 4.0
         ):
             raise RuntimeError(f"the compiled unscale-and-tally failed its check on {dtype}")
+    # [skipped, skip_streak, since_skip, growths, backoffs, 1]: a skip that backs off.
+    row = paddle.to_tensor([[2.0, 1.0, 0.0, 5.0, 3.0, 1.0]], dtype="float64")
+    zero, one = paddle.to_tensor([0], dtype="int32"), paddle.to_tensor([1], dtype="int32")
+    ops.count_iteration(row, paddle.to_tensor([True]), zero, zero, True)
+    if row.numpy().tolist() != [[3.0, 2.0, 0.0, 5.0, 4.0, 1.0]]:
+        raise RuntimeError("the compiled counter failed its check on a skipped iteration")
+    ops.count_iteration(row, paddle.to_tensor([False]), one, zero, True)
+    if row.numpy().tolist() != [[3.0, 0.0, 1.0, 5.0, 4.0, 1.0]]:
+        raise RuntimeError("the compiled counter failed its check on a finite iteration")
+    scale, incr, decr = paddle.to_tensor([4.0]), one.clone(), one.clone()
+    ops.update_scale(paddle.to_tensor([True]), scale, incr, decr, 3, 2, 2.0, 0.5)
+    if [scale.numpy()[0], incr.numpy()[0], decr.numpy()[0]] != [2.0, 0, 0]:
+        raise RuntimeError("the compiled update rule failed its check on a back-off")
+    ops.update_scale(paddle.to_tensor([False]), scale, incr, decr, 1, 2, 2.0, 0.5)
+    if [scale.numpy()[0], incr.numpy()[0], decr.numpy()[0]] != [4.0, 0, 0]:
+        raise RuntimeError("the compiled update rule failed its check on a growth")
 
 
 @contextlib.contextmanager

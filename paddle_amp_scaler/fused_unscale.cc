@@ -1,107 +1,138 @@
-// One pass over CPU gradients: multiply by 1/scale in place and OR together whether any
-// result is inf or nan. Built on first use by paddle_amp_scaler/fused_cpu.py.
+// The scaler's CPU work in compiled code: unscale-and-check in one pass, the update rule,
+// the statistics count and the skip of a plain SGD step. Built on first use by
+// paddle_amp_scaler/fused_cpu.py.
+//
+// A Python extension module (pybind11), not a Paddle custom operator: a custom operator
+// runs Paddle's operator machinery on every call (infer-shape and infer-dtype, AMP
+// casting, autograd checks), and right after an optimizer step has pushed that code out of
+// the CPU's caches one call costs over 100 us, more than the pass itself. A function
+// taking paddle::Tensor arguments costs a few microseconds. Everything here runs at once
+// on host memory, like every Paddle CPU kernel, and writes in place where it can, so that
+// a step allocates nothing.
 //
 // Single-threaded on purpose: Paddle sets OMP_NUM_THREADS=1 and runs its own CPU
 // kernels on one thread, and a second OpenMP runtime beside Paddle's bundled one makes
 // both spin against each other (calls stalling for tens of milliseconds on a busy
 // machine). One vectorised pass is already bound by memory bandwidth.
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <stdexcept>
+#include <string>
+#include <tuple>
 #include <type_traits>
 #include <vector>
+
 #include "paddle/extension.h"
+#include "paddle/utils/pybind.h"
 
 namespace {
 
-// Exponent bits all set <=> inf or nan. Testing bits keeps the loop branch-free, so it
-// vectorises; an OR-reduction is exact and order-independent.
+using Tensors = std::vector<paddle::Tensor>;
+
+// Exponent bits all set <=> inf or nan, and no value has more of them: the largest
+// masked exponent decides. A max-reduction over integers vectorises on every x86 level,
+// and it is exact and order-independent.
 template <typename T, typename Bits, Bits kExponent>
-inline bool UnscaleAll(const std::vector<paddle::Tensor>& xs, T inverse) {
+inline Bits UnscaleOne(T* data, int64_t n, T inverse) {
+  Bits largest = 0;
+#pragma omp simd reduction(max : largest)
+  for (int64_t i = 0; i < n; ++i) {
+    const T value = data[i] * inverse;
+    data[i] = value;
+    Bits bits;
+    std::memcpy(&bits, &value, sizeof(bits));
+    const Bits exponent = bits & kExponent;
+    largest = exponent > largest ? exponent : largest;
+  }
+  return largest;
+}
+
+// An AVX-512, an AVX2 and a baseline copy of each, chosen when the library loads by the
+// CPU it runs on: the build cache may be shared by machines of different generations.
+__attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) bool UnscaleFloat(
+    float* data, int64_t n, float inverse) {
+  return UnscaleOne<float, uint32_t, 0x7f800000U>(data, n, inverse) == 0x7f800000U;
+}
+
+__attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) bool UnscaleDouble(
+    double* data, int64_t n, double inverse) {
+  return UnscaleOne<double, uint64_t, 0x7ff0000000000000ULL>(data, n, inverse) ==
+         0x7ff0000000000000ULL;
+}
+
+// The same pass, also counting the tensor's inf and nan elements as backward left them
+// (before the multiply). Without its sign bit an inf is exactly the exponent mask and a
+// nan is above it; compared as signed integers (the sign is cleared) these are two
+// vector compares. The counters have the element's width, so that the loop vectorises
+// as the plain one does; chunks keep them from wrapping.
+template <typename T, typename Bits, Bits kExponent>
+inline bool UnscaleAndTallyOne(T* data, int64_t n, T inverse, int64_t* infs_out,
+                               int64_t* nans_out) {
+  using Signed = std::make_signed_t<Bits>;
+  constexpr Bits kMagnitude = ~Bits{0} >> 1;
+  constexpr int64_t kChunk = int64_t{1} << 30;
   Bits nonfinite = 0;
-  for (const auto& x : xs) {
-    T* data = const_cast<paddle::Tensor&>(x).data<T>();
-    const int64_t n = x.numel();
-#pragma omp simd reduction(| : nonfinite)
-    for (int64_t i = 0; i < n; ++i) {
+  int64_t infs = 0, nans = 0;
+  for (int64_t start = 0; start < n; start += kChunk) {
+    const int64_t end = std::min(n, start + kChunk);
+    Bits chunk_infs = 0, chunk_nans = 0;
+    // No `omp simd` here: with it GCC 12 leaves this loop scalar in the AVX2 clone
+    // (three times slower); integer reductions vectorise without it.
+    for (int64_t i = start; i < end; ++i) {
+      Bits raw;
+      std::memcpy(&raw, &data[i], sizeof(raw));
+      const Signed magnitude = static_cast<Signed>(raw & kMagnitude);
+      chunk_infs += static_cast<Bits>(magnitude == static_cast<Signed>(kExponent));
+      chunk_nans += static_cast<Bits>(magnitude > static_cast<Signed>(kExponent));
       const T value = data[i] * inverse;
       data[i] = value;
       Bits bits;
       std::memcpy(&bits, &value, sizeof(bits));
       nonfinite |= static_cast<Bits>((bits & kExponent) == kExponent);
     }
+    infs += chunk_infs;
+    nans += chunk_nans;
   }
+  *infs_out = infs;
+  *nans_out = nans;
   return nonfinite != 0;
 }
 
-// An AVX2 and a baseline copy of each, chosen when the library loads by the CPU it runs
-// on: the build cache may be shared by machines of different generations.
-__attribute__((target_clones("avx2", "default"))) bool UnscaleAllFloat(
-    const std::vector<paddle::Tensor>& xs, float inverse) {
-  return UnscaleAll<float, uint32_t, 0x7f800000U>(xs, inverse);
+__attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) bool TallyFloat(
+    float* data, int64_t n, float inverse, int64_t* infs, int64_t* nans) {
+  return UnscaleAndTallyOne<float, uint32_t, 0x7f800000U>(data, n, inverse, infs, nans);
 }
 
-__attribute__((target_clones("avx2", "default"))) bool UnscaleAllDouble(
-    const std::vector<paddle::Tensor>& xs, double inverse) {
-  return UnscaleAll<double, uint64_t, 0x7ff0000000000000ULL>(xs, inverse);
+__attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) bool TallyDouble(
+    double* data, int64_t n, double inverse, int64_t* infs, int64_t* nans) {
+  return UnscaleAndTallyOne<double, uint64_t, 0x7ff0000000000000ULL>(data, n, inverse, infs,
+                                                                    nans);
 }
 
-// The same pass, also counting each tensor's inf and nan elements as backward left
-// them (before the multiply) into tally[2k], tally[2k + 1]. Without its sign bit an
-// inf is exactly the exponent mask and a nan is above it; compared as signed integers
-// (the sign is cleared) these are two vector compares. The counters have the element's
-// width, so that the loop vectorises as the plain one does; chunks keep them from
-// wrapping.
-template <typename T, typename Bits, Bits kExponent>
-inline bool UnscaleAndTallyAll(const std::vector<paddle::Tensor>& xs, T inverse,
-                               int64_t* tally) {
-  using Signed = std::make_signed_t<Bits>;
-  constexpr Bits kMagnitude = ~Bits{0} >> 1;
-  constexpr int64_t kChunk = int64_t{1} << 30;
-  Bits nonfinite = 0;
-  for (size_t k = 0; k < xs.size(); ++k) {
-    T* data = const_cast<paddle::Tensor&>(xs[k]).data<T>();
-    const int64_t n = xs[k].numel();
-    int64_t infs = 0, nans = 0;
-    for (int64_t start = 0; start < n; start += kChunk) {
-      const int64_t end = std::min(n, start + kChunk);
-      Bits chunk_infs = 0, chunk_nans = 0;
-      // No `omp simd` here: with it GCC 12 leaves this loop scalar in the AVX2 clone
-      // (three times slower); integer reductions vectorise without it.
-      for (int64_t i = start; i < end; ++i) {
-        Bits raw;
-        std::memcpy(&raw, &data[i], sizeof(raw));
-        const Signed magnitude = static_cast<Signed>(raw & kMagnitude);
-        chunk_infs += static_cast<Bits>(magnitude == static_cast<Signed>(kExponent));
-        chunk_nans += static_cast<Bits>(magnitude > static_cast<Signed>(kExponent));
-        const T value = data[i] * inverse;
-        data[i] = value;
-        Bits bits;
-        std::memcpy(&bits, &value, sizeof(bits));
-        nonfinite |= static_cast<Bits>((bits & kExponent) == kExponent);
-      }
-      infs += chunk_infs;
-      nans += chunk_nans;
+bool IsFloat64(const paddle::Tensor& x) { return x.dtype() == paddle::DataType::FLOAT64; }
+
+// Every tensor is checked before any is written, so that a refused call changes nothing.
+// pybind11 turns std::invalid_argument into ValueError.
+void RequireFloatsOnCpu(const Tensors& xs, const char* what) {
+  for (const auto& x : xs) {
+    const bool float_dtype = x.dtype() == paddle::DataType::FLOAT32 || IsFloat64(x);
+    if (!float_dtype || !x.is_cpu() || !x.is_dense_tensor()) {
+      throw std::invalid_argument(std::string(what) +
+                                  " takes dense float32 or float64 CPU tensors, got one of "
+                                  "dtype " + phi::DataTypeToString(x.dtype()) + " on " +
+                                  x.place().DebugString());
     }
-    tally[2 * k] = infs;
-    tally[2 * k + 1] = nans;
   }
-  return nonfinite != 0;
 }
 
-__attribute__((target_clones("avx2", "default"))) bool UnscaleAndTallyAllFloat(
-    const std::vector<paddle::Tensor>& xs, float inverse, int64_t* tally) {
-  return UnscaleAndTallyAll<float, uint32_t, 0x7f800000U>(xs, inverse, tally);
+// The scale is float32 (float64 where a caller holds one); float64 gradients take its
+// inverse in float64, as Paddle's kernel does once the scale is cast to float64.
+double ScaleOf(const paddle::Tensor& scale) {
+  return IsFloat64(scale) ? scale.data<double>()[0] : scale.data<float>()[0];
 }
 
-__attribute__((target_clones("avx2", "default"))) bool UnscaleAndTallyAllDouble(
-    const std::vector<paddle::Tensor>& xs, double inverse, int64_t* tally) {
-  return UnscaleAndTallyAll<double, uint64_t, 0x7ff0000000000000ULL>(xs, inverse, tally);
-}
-
-// A bool [1] tensor holding `found`. paddle::empty and a store, not paddle::full: full
-// dispatches a Paddle kernel, whose code costs tens of microseconds when a training step
-// has just pushed it out of the CPU's caches.
 paddle::Tensor FlagOf(bool found) {
   paddle::Tensor flag = paddle::empty({1}, paddle::DataType::BOOL, paddle::CPUPlace());
   flag.data<bool>()[0] = found;
@@ -110,41 +141,93 @@ paddle::Tensor FlagOf(bool found) {
 
 }  // namespace
 
-// All of `xs` share one dtype, float32 or float64, and `scale` has that dtype too.
-paddle::Tensor Unscale(const std::vector<paddle::Tensor>& xs, const paddle::Tensor& scale) {
+// Multiplies every tensor of `xs` (float32 and float64 may mix) in place by 1/scale and
+// returns whether any result is inf or nan: as a bool [1] tensor, and as the host value it
+// already is here (on a CPU there is no device to wait for).
+std::tuple<paddle::Tensor, bool> UnscaleAndCheck(const Tensors& xs,
+                                                 const paddle::Tensor& scale) {
+  RequireFloatsOnCpu(xs, "unscale_and_check");
+  const double scale_value = ScaleOf(scale);
+  const float inverse_float = 1.0f / static_cast<float>(scale_value);
+  const double inverse_double = 1.0 / scale_value;
   bool found = false;
-  if (!xs.empty()) {
-    if (xs[0].dtype() == paddle::DataType::FLOAT64) {
-      found = UnscaleAllDouble(xs, 1.0 / scale.data<double>()[0]);
-    } else {
-      found = UnscaleAllFloat(xs, 1.0f / scale.data<float>()[0]);
+  for (const auto& x : xs) {
+    auto& tensor = const_cast<paddle::Tensor&>(x);
+    found |= IsFloat64(x) ? UnscaleDouble(tensor.data<double>(), x.numel(), inverse_double)
+                          : UnscaleFloat(tensor.data<float>(), x.numel(), inverse_float);
+  }
+  return {FlagOf(found), found};
+}
+
+// UnscaleAndCheck, also returning int64 [len(xs), 2]: (infs, nans) of each tensor before
+// it was unscaled, for overflow_report.py.
+std::vector<paddle::Tensor> UnscaleCheckAndTally(const Tensors& xs,
+                                                 const paddle::Tensor& scale) {
+  RequireFloatsOnCpu(xs, "unscale_check_and_tally");
+  const double scale_value = ScaleOf(scale);
+  const float inverse_float = 1.0f / static_cast<float>(scale_value);
+  const double inverse_double = 1.0 / scale_value;
+  const int64_t count = static_cast<int64_t>(xs.size());
+  paddle::Tensor tally = paddle::empty({count, 2}, paddle::DataType::INT64, paddle::CPUPlace());
+  int64_t* counts = tally.data<int64_t>();
+  bool found = false;
+  for (int64_t k = 0; k < count; ++k) {
+    auto& tensor = const_cast<paddle::Tensor&>(xs[k]);
+    int64_t* infs = counts + 2 * k;
+    found |= IsFloat64(tensor)
+                 ? TallyDouble(tensor.data<double>(), tensor.numel(), inverse_double, infs,
+                               infs + 1)
+                 : TallyFloat(tensor.data<float>(), tensor.numel(), inverse_float, infs,
+                              infs + 1);
+  }
+  return {FlagOf(found), tally};
+}
+
+// Zeroes every tensor of `xs` when `found` holds: a plain SGD step then changes nothing.
+void ZeroIfFound(const Tensors& xs, const paddle::Tensor& found) {
+  RequireFloatsOnCpu(xs, "zero_if_found");
+  if (!found.data<bool>()[0]) return;
+  for (const auto& x : xs) {
+    auto& tensor = const_cast<paddle::Tensor&>(x);
+    const size_t width = IsFloat64(x) ? sizeof(double) : sizeof(float);
+    std::memset(tensor.data(), 0, width * static_cast<size_t>(x.numel()));
+  }
+}
+
+// One step of the dynamic update rule on the float32 scale and the int32 counters, in
+// place, with the arithmetic of Paddle's update_loss_scaling kernel: products in float32,
+// a growth that would leave float32's range refused, a back-off floored at 1.
+void UpdateScale(const paddle::Tensor& found, paddle::Tensor& scale, paddle::Tensor& incr_count,
+                 paddle::Tensor& decr_count, int incr_every_n_steps,
+                 int decr_every_n_nan_or_inf, float incr_ratio, float decr_ratio) {
+  float* scale_value = scale.data<float>();
+  int32_t* incr = incr_count.data<int32_t>();
+  int32_t* decr = decr_count.data<int32_t>();
+  if (found.data<bool>()[0]) {
+    *incr = 0;
+    if (++*decr == decr_every_n_nan_or_inf) {
+      *scale_value = std::max(*scale_value * decr_ratio, 1.0f);
+      *decr = 0;
+    }
+  } else {
+    *decr = 0;
+    if (++*incr == incr_every_n_steps) {
+      const float grown = *scale_value * incr_ratio;
+      if (std::isfinite(grown)) *scale_value = grown;
+      *incr = 0;
     }
   }
-  return FlagOf(found);
 }
 
-std::vector<paddle::Tensor> UnscaleAndCheck(const std::vector<paddle::Tensor>& xs,
-                                            const paddle::Tensor& scale) {
-  return {Unscale(xs, scale)};
-}
-
-PD_BUILD_OP(fused_unscale_and_check)
-    .Inputs({paddle::Vec("X"), "Scale"})
-    .Outputs({"FoundInf"})
-    .SetKernelFn(PD_KERNEL(UnscaleAndCheck));
-
-// The statistics of one iteration, in one call instead of six small Paddle operations:
-// `row` is statistics.py's [skipped, skip_streak, since_skip, growths, backoffs, 1];
-// the update rule changed the scale when it reset the counter of this iteration's
-// kind. statistics.py's transition matrices say the same for other devices.
-paddle::Tensor Count(const paddle::Tensor& row, const paddle::Tensor& found,
-                     const paddle::Tensor& incr_count, const paddle::Tensor& decr_count,
-                     bool dynamic) {
+// One iteration's statistics, in place: `row` is statistics.py's float64
+// [1, 6] [skipped, skip_streak, since_skip, growths, backoffs, 1]. The update rule
+// changed the scale when it reset the counter of this iteration's kind; statistics.py's
+// transition matrices say the same for other devices.
+void CountIteration(paddle::Tensor& row, const paddle::Tensor& found,
+                    const paddle::Tensor& incr_count, const paddle::Tensor& decr_count,
+                    bool dynamic) {
   enum { kSkipped, kStreak, kSinceSkip, kGrowths, kBackoffs };
-  // Copied by hand for the reason FlagOf gives.
-  paddle::Tensor out = paddle::empty(row.shape(), paddle::DataType::FLOAT64, paddle::CPUPlace());
-  double* counts = out.data<double>();
-  std::memcpy(counts, row.data<double>(), sizeof(double) * row.numel());
+  double* counts = row.data<double>();
   const bool skipped = found.data<bool>()[0];
   const int32_t rule_counter = skipped ? decr_count.data<int32_t>()[0]
                                        : incr_count.data<int32_t>()[0];
@@ -159,62 +242,13 @@ paddle::Tensor Count(const paddle::Tensor& row, const paddle::Tensor& found,
     counts[kSinceSkip] += 1;
     counts[kGrowths] += changed;
   }
-  return out;
 }
 
-std::vector<paddle::Tensor> CountIteration(const paddle::Tensor& row,
-                                           const paddle::Tensor& found,
-                                           const paddle::Tensor& incr_count,
-                                           const paddle::Tensor& decr_count,
-                                           bool dynamic) {
-  return {Count(row, found, incr_count, decr_count, dynamic)};
+// The name Python imports, given by fused_cpu.py at build time.
+PYBIND11_MODULE(PADDLE_AMP_SCALER_MODULE, module) {
+  module.def("unscale_and_check", &UnscaleAndCheck);
+  module.def("unscale_check_and_tally", &UnscaleCheckAndTally);
+  module.def("zero_if_found", &ZeroIfFound);
+  module.def("update_scale", &UpdateScale);
+  module.def("count_iteration", &CountIteration);
 }
-
-// The previous iteration's count and this iteration's unscale in one call: on a CPU
-// each call costs microseconds of dispatch, whatever it does.
-std::vector<paddle::Tensor> UnscaleCheckAndCount(const std::vector<paddle::Tensor>& xs,
-                                                 const paddle::Tensor& scale,
-                                                 const paddle::Tensor& row,
-                                                 const paddle::Tensor& found,
-                                                 const paddle::Tensor& incr_count,
-                                                 const paddle::Tensor& decr_count,
-                                                 bool dynamic) {
-  paddle::Tensor counted = Count(row, found, incr_count, decr_count, dynamic);
-  return {Unscale(xs, scale), counted};
-}
-
-PD_BUILD_OP(fused_unscale_check_and_count)
-    .Inputs({paddle::Vec("X"), "Scale", "Row", "Found", "IncrCount", "DecrCount"})
-    .Outputs({"FoundInf", "RowOut"})
-    .Attrs({"dynamic: bool"})
-    .SetKernelFn(PD_KERNEL(UnscaleCheckAndCount));
-
-PD_BUILD_OP(fused_count_iteration)
-    .Inputs({"Row", "Found", "IncrCount", "DecrCount"})
-    .Outputs({"Out"})
-    .Attrs({"dynamic: bool"})
-    .SetKernelFn(PD_KERNEL(CountIteration));
-
-// An unscale that also counts inf and nan per tensor, for overflow_report.py: Tally is
-// int64 [len(X), 2], (infs, nans) of each tensor before it was unscaled.
-std::vector<paddle::Tensor> UnscaleCheckAndTally(const std::vector<paddle::Tensor>& xs,
-                                                 const paddle::Tensor& scale) {
-  const int64_t count = static_cast<int64_t>(xs.size());
-  // Every entry is written below.
-  paddle::Tensor tally = paddle::empty({count, 2}, paddle::DataType::INT64, paddle::CPUPlace());
-  bool found = false;
-  if (!xs.empty()) {
-    int64_t* counts = tally.data<int64_t>();
-    if (xs[0].dtype() == paddle::DataType::FLOAT64) {
-      found = UnscaleAndTallyAllDouble(xs, 1.0 / scale.data<double>()[0], counts);
-    } else {
-      found = UnscaleAndTallyAllFloat(xs, 1.0f / scale.data<float>()[0], counts);
-    }
-  }
-  return {FlagOf(found), tally};
-}
-
-PD_BUILD_OP(fused_unscale_check_and_tally)
-    .Inputs({paddle::Vec("X"), "Scale"})
-    .Outputs({"FoundInf", "Tally"})
-    .SetKernelFn(PD_KERNEL(UnscaleCheckAndTally));

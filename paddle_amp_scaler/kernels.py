@@ -13,10 +13,12 @@ Facts kept here:
 * Both keep their names and signatures from Paddle 2.6 to 3.x as ``_C_ops`` functions.
   Paddle 2.6's ``check_finite_and_unscale`` refuses a tensor with no elements, which
   has nothing to check anyway.
-* On CPU, ``check_finite_and_unscale`` makes three passes per tensor; a fused one-pass
-  kernel (``fused_cpu``) gives the same bits several times faster, when it can be
-  built. GPU, XPU and custom devices keep Paddle's multi-tensor kernel: one launch per
-  dtype group, however many tensors.
+* On CPU, ``check_finite_and_unscale`` makes three passes per tensor, and each Paddle
+  operation costs tens of microseconds of dispatch right after an optimizer step; the
+  compiled module (``fused_cpu``), when it can be built, gives the same bits in one pass
+  over every dtype at once, and the update rule's and the SGD skip's in calls of a few
+  microseconds. GPU, XPU and custom devices keep Paddle's kernels: one launch per dtype
+  group, however many tensors.
 """
 
 from __future__ import annotations
@@ -38,22 +40,16 @@ if TYPE_CHECKING:  # typing.TypeGuard needs Python 3.10
 _C_ops: Any = paddle._C_ops
 _eager: Any = paddle.base.core.eager
 
-# Gradients by dtype (a paddle dtype), in parameter order: the kernels take one dtype
-# per call.
+# Gradients by dtype (a paddle dtype), in parameter order: Paddle's kernels take one
+# dtype per call.
 GradGroups = dict[Any, list[Tensor]]
 
 
 PADDLE_PATH, FUSED_CPU_PATH = "paddle", "fused-cpu"
-_FUSED_DTYPES = (paddle.float32, paddle.float64)
+_CPU_KERNEL_DTYPES = (paddle.float32, paddle.float64)
 _CHECKED_DTYPES = (paddle.float16, paddle.bfloat16, paddle.float32, paddle.float64)
 _FLOAT32_MAX = 3.4028234663852886e38
 _forced_path: str | None = None
-
-
-def grads_by_dtype(params: Sequence[Tensor]) -> GradGroups:
-    """The gradient of each parameter that has one, grouped by dtype (the kernels take
-    one dtype per call); a parameter's master gradient is preferred."""
-    return grads_by_dtype_of(grads_of(params))
 
 
 def grads_of(params: Sequence[Tensor]) -> list[Tensor | None]:
@@ -76,7 +72,8 @@ def grads_of(params: Sequence[Tensor]) -> list[Tensor | None]:
 
 
 def grads_by_dtype_of(grads: Iterable[Tensor | None]) -> GradGroups:
-    """Gradients grouped by dtype, leaving out ``None`` and empty ones."""
+    """Gradients grouped by dtype, leaving out ``None`` and empty ones: Paddle's kernels
+    take one dtype per call."""
     groups: GradGroups = {}
     # Hashing a Paddle dtype costs half a microsecond; neighbours mostly share one,
     # and Paddle 3 returns the same dtype object for each.
@@ -129,67 +126,57 @@ def any_of(flags: Sequence[Tensor]) -> Tensor:
     return combined
 
 
-def unscale_and_check_(grads: GradGroups, scale: Tensor, all_finite: Tensor) -> Tensor:
-    """Multiply ``grads`` (from ``grads_by_dtype``) in place by 1/scale; return a bool
-    [1] tensor: any inf/nan.
+def unscale_and_check_(grads: Sequence[Tensor | None], scale: Tensor, all_finite: Tensor) -> Tensor:
+    """Multiply ``grads`` (any dtypes, None for a missing one) in place by 1/scale;
+    return a bool [1] tensor: any inf/nan.
 
-    One kernel launch per dtype group, however many tensors. ``all_finite`` is the
-    flag returned when there is nothing to check.
+    One call on a CPU, where the compiled module serves; elsewhere one kernel launch
+    per dtype, however many tensors. ``all_finite`` is the flag returned when there is
+    nothing to check.
     """
-    return unscale_check_and_count_(grads, scale, all_finite, None)[0]
+    return unscale_and_decide_(grads, scale, all_finite)[0]
 
 
-# What statistics.py hands over to be counted in the same call as an unscale:
-# (row, found, incr_count, decr_count, dynamic).
-PendingCount = tuple[Tensor, Tensor, Tensor, Tensor, bool]
-
-
-def unscale_check_and_count_(
-    grads: GradGroups, scale: Tensor, all_finite: Tensor, pending: PendingCount | None
-) -> tuple[Tensor, Tensor | None]:
-    """``unscale_and_check_``, and where the compiled CPU ops serve, ``pending``'s count
-    in the call of the first group: returns the verdict and the counted row, or None for
-    the row when no call could take it (the caller counts it then)."""
+def unscale_and_decide_(
+    grads: Sequence[Tensor | None], scale: Tensor, all_finite: Tensor
+) -> tuple[Tensor, bool | None]:
+    """``unscale_and_check_``, also returning the verdict as a host bool where it is one
+    already, with no read: on a CPU, from the compiled module. None elsewhere, where
+    the verdict stays on the device."""
     fused = fused_ops_for(scale)
-    flags = []
-    counted = None
-    for dtype, group in grads.items():
-        group_scale = _scale_for(dtype, scale)
-        if fused is not None and dtype in _FUSED_DTYPES:
-            if pending is not None and counted is None:
-                found, counted = fused.unscale_check_and_count(group, group_scale, *pending)
-                flags.append(found)
-            else:
-                flags.append(fused.unscale_and_check(group, group_scale))
-        else:
-            flags.append(_C_ops.check_finite_and_unscale_(group, group_scale)[1])
-    return (any_of(flags) if flags else all_finite), counted
+    if fused is not None:
+        present = [grad for grad in grads if grad is not None]
+        if not present:
+            return all_finite, False
+        found_inf, found = fused.unscale_and_check(present, scale)
+        return found_inf, found
+    flags = [
+        _C_ops.check_finite_and_unscale_(group, _scale_for(dtype, scale))[1]
+        for dtype, group in grads_by_dtype_of(grads).items()
+    ]
+    return (any_of(flags) if flags else all_finite), None
 
 
 def unscale_check_and_tally_(
-    grads: GradGroups, scale: Tensor, all_finite: Tensor
-) -> tuple[Tensor, list[Tensor]]:
-    """``unscale_and_check_``, also counting each gradient's inf and nan elements before
-    it is unscaled: returns the verdict and, per group of ``grads`` in order, an int64
-    [len(group), 2] tensor of (infs, nans).
+    grads: Sequence[Tensor], scale: Tensor, all_finite: Tensor
+) -> tuple[Tensor, Tensor | None]:
+    """``unscale_and_check_`` of ``grads`` (each present and non-empty), also counting
+    each one's inf and nan elements before it is unscaled: returns the verdict and an
+    int64 [len(grads), 2] tensor of (infs, nans), None when there are no grads.
 
-    The compiled CPU op counts in its one pass; elsewhere each gradient costs five
+    The compiled module counts in its one pass; elsewhere each gradient costs five
     Paddle operations more.
     """
+    if not grads:
+        return all_finite, None
     fused = fused_ops_for(scale)
-    flags, tallies = [], []
-    for dtype, group in grads.items():
-        group_scale = _scale_for(dtype, scale)
-        if fused is not None and dtype in _FUSED_DTYPES:
-            found, tally = fused.unscale_check_and_tally(group, group_scale)
-        else:
-            tally = paddle.stack(
-                [paddle.stack([paddle.isinf(g).sum(), paddle.isnan(g).sum()]) for g in group]
-            )
-            found = _C_ops.check_finite_and_unscale_(group, group_scale)[1]
-        flags.append(found)
-        tallies.append(tally)
-    return (any_of(flags) if flags else all_finite), tallies
+    if fused is not None:
+        found, tally = fused.unscale_check_and_tally(list(grads), scale)
+        return found, tally
+    tally = paddle.stack(
+        [paddle.stack([paddle.isinf(grad).sum(), paddle.isnan(grad).sum()]) for grad in grads]
+    )
+    return unscale_and_check_(grads, scale, all_finite), tally
 
 
 def all_finite(tensors: Iterable[Tensor]) -> Tensor:
@@ -203,7 +190,7 @@ def all_finite(tensors: Iterable[Tensor]) -> Tensor:
     groups = grads_by_dtype_of(tensors)
     kernel_groups = {dtype: group for dtype, group in groups.items() if dtype in _CHECKED_DTYPES}
     found = unscale_and_check_(
-        {dtype: group for dtype, group in kernel_groups.items() if _kernel_takes(group[0])},
+        [tensor for group in kernel_groups.values() if _kernel_takes(group[0]) for tensor in group],
         paddle.ones([1], dtype=paddle.float32),
         paddle.zeros([1], dtype=paddle.bool),
     )
@@ -217,7 +204,7 @@ def all_finite(tensors: Iterable[Tensor]) -> Tensor:
 
 def _kernel_takes(tensor: Tensor) -> bool:
     # Paddle's CPU build registers check_finite_and_unscale for float32/float64 only.
-    return tensor.dtype in _FUSED_DTYPES or not _on_cpu(tensor.place)
+    return tensor.dtype in _CPU_KERNEL_DTYPES or not _on_cpu(tensor.place)
 
 
 def unscale_paths() -> list[str]:
@@ -256,20 +243,28 @@ def _path_for(scale: Tensor) -> str:
 
 
 def fused_ops_for(tensor: Tensor) -> fused_cpu.FusedOps | None:
-    """The compiled CPU ops, where they serve tensors beside ``tensor``; else None."""
+    """The compiled CPU module, where it serves tensors beside ``tensor``; else None."""
     return fused_cpu.load() if _path_for(tensor) == FUSED_CPU_PATH else None
 
 
 def zero_if_found_(
-    grads: GradGroups, found_inf: Tensor, scale: Tensor, incr_count: Tensor, decr_count: Tensor
+    grads: Sequence[Tensor | None],
+    found_inf: Tensor,
+    scale: Tensor,
+    incr_count: Tensor,
+    decr_count: Tensor,
 ) -> None:
-    """Set every gradient (from ``grads_by_dtype``) to zero when ``found_inf`` holds,
+    """Set every gradient (None for a missing one) to zero when ``found_inf`` holds,
     decided on the device.
 
-    ``stop_update=True`` makes the kernel leave scale and counters alone; they are
-    passed only because the kernel's signature wants them.
+    Paddle's ``update_loss_scaling_`` with ``stop_update=True`` leaves scale and counters
+    alone; they are passed only because the kernel's signature wants them.
     """
-    for dtype, group in grads.items():
+    fused = fused_ops_for(scale)
+    if fused is not None:
+        fused.zero_if_found([grad for grad in grads if grad is not None], found_inf)
+        return
+    for dtype, group in grads_by_dtype_of(grads).items():
         _C_ops.update_loss_scaling_(
             group, found_inf, _scale_for(dtype, scale), incr_count, decr_count, 1, 1, 2.0, 0.5, True
         )
@@ -313,9 +308,23 @@ def update_scale_(
 ) -> None:
     """Apply one step of the dynamic update rule to scale and counters, in place.
 
-    ``scratch`` is a float32 [1] tensor that stands in for the kernel's ``xs``: the
-    grads were dealt with before the step, and the kernel refuses an empty list.
+    ``scratch`` is a float32 [1] tensor that stands in for Paddle's kernel's ``xs``: the
+    grads were dealt with before the step, and the kernel refuses an empty list. The
+    compiled module, where it serves, applies the same arithmetic.
     """
+    fused = fused_ops_for(scale)
+    if fused is not None:
+        fused.update_scale(
+            found_inf,
+            scale,
+            incr_count,
+            decr_count,
+            incr_every_n_steps,
+            decr_every_n_nan_or_inf,
+            incr_ratio,
+            decr_ratio,
+        )
+        return
     _C_ops.update_loss_scaling_(
         [scratch],
         found_inf,

@@ -40,41 +40,30 @@ class OverflowRecorder:
     """Counts per gradient during an iteration; keeps the last iteration that had any."""
 
     def __init__(self) -> None:
-        # Per unscale: (param, grad dtype) in the order of the tallies, and the tallies.
-        self._pending: list[tuple[list[tuple[Any, Any]], list[Tensor]]] = []
+        # Per unscale: (param, grad dtype) in the order of the tally's rows, and the tally.
+        self._pending: list[tuple[list[tuple[Any, Any]], Tensor]] = []
         self._last: list[OverflowEntry] = []
         self._params: dict[str, Any] = {}  # the parameters of self._last, by Paddle name
 
     def unscale_and_count_(
-        self,
-        params: list[Any],
-        grads_in_order: list[Tensor | None],
-        grads: kernels.GradGroups,
-        scale: Tensor,
-        all_finite: Tensor,
+        self, params: list[Any], grads: list[Tensor | None], scale: Tensor, all_finite: Tensor
     ) -> Tensor:
         """``kernels.unscale_and_check_`` of ``grads``, the gradients of ``params``
-        (``grads_in_order``: ``kernels.grads_of(params)``, grouped), queueing each one's
-        inf and nan counts, taken before it is unscaled."""
-        found, tallies = kernels.unscale_check_and_tally_(grads, scale, all_finite)
-        # The kernels' order: grouped by dtype, groups in order of first appearance.
-        group_of = {dtype: index for index, dtype in enumerate(grads)}
-        owners = sorted(
-            (
-                (param, grad.dtype)
-                for param, grad in zip(params, grads_in_order)
-                if kernels.is_checked(grad)
-            ),
-            key=lambda owner: group_of[owner[1]],
+        (``kernels.grads_of(params)``), queueing each one's inf and nan counts, taken
+        before it is unscaled."""
+        checked = [(param, grad) for param, grad in zip(params, grads) if kernels.is_checked(grad)]
+        found, tally = kernels.unscale_check_and_tally_(
+            [grad for _, grad in checked], scale, all_finite
         )
-        self._pending.append((owners, tallies))
+        if tally is not None:
+            self._pending.append(([(param, grad.dtype) for param, grad in checked], tally))
         return found
 
     def end_iteration(self, iteration: int, found_inf: Tensor) -> None:
         """Read this iteration's counts and verdict (one device read); keep the counts of
         an iteration that found inf/nan, and log it if it skipped."""
         pending, self._pending = self._pending, []
-        tallies = [tally for _, unscale_tallies in pending for tally in unscale_tallies]
+        tallies = [tally for _, tally in pending]
         # The verdict (reduced over ranks) rides in the same read, as a row of its own.
         verdict = paddle.expand(found_inf.astype(paddle.int64), [1, 2])
         rows = paddle.concat([verdict, *tallies]).numpy().tolist()

@@ -26,13 +26,15 @@ class _OptimizerRecord(TypedDict):
 
     state: Any  # an OptimizerState
     found_inf: Any  # a bool tensor [1], or a host bool/int written by a wrapper
-    grads: kernels.GradGroups | None
+    grads: list[Tensor | None] | None  # in the optimizer's parameter order
+    # (flag, its value) where the unscale knew its verdict on the host with no read.
+    host_verdict: tuple[Tensor, bool] | None
 
 
 def _fresh_optimizer_state() -> _OptimizerRecord:
     # A module-level factory, like Paddle's and PyTorch's, so that a scaler holding a
     # defaultdict of these can be pickled and deep-copied.
-    return {"state": OptimizerState.INIT, "found_inf": None, "grads": None}
+    return {"state": OptimizerState.INIT, "found_inf": None, "grads": None, "host_verdict": None}
 
 
 def _read_number(tensor: Tensor) -> float:
@@ -187,23 +189,17 @@ class AmpScaler:
         state = self._optimizer_states[id(optimizer)]
         _refuse_unscale_in(state["state"])
         params = optimizers.parameters_of(optimizer)
-        grads_in_order = kernels.grads_of(params)
-        grads = kernels.grads_by_dtype_of(grads_in_order)
-        state["grads"] = grads
-        # The previous iteration's statistics ride along in the same call on a CPU.
-        pending = self._run.take_pending()
+        grads = state["grads"] = kernels.grads_of(params)
+        found_on_host = None
         if self._overflows is None:
-            found_inf, counted = kernels.unscale_check_and_count_(
-                grads, self._scale, self._temp_found_inf_value_false, pending
+            found_inf, found_on_host = kernels.unscale_and_decide_(
+                grads, self._scale, self._temp_found_inf_value_false
             )
         else:
             found_inf = self._overflows.unscale_and_count_(
-                params, grads_in_order, grads, self._scale, self._temp_found_inf_value_false
+                params, grads, self._scale, self._temp_found_inf_value_false
             )
-            counted = None
-        self._run.settle(pending, counted)
-        # Before any rank decides: every rank then skips, updates and counts alike.
-        self._found_inf = self._sync.reduce(found_inf)
+        self._take_verdict(state, found_inf, found_on_host)
         state["state"] = OptimizerState.UNSCALED
 
     # -- internals ----------------------------------------------------------------
@@ -262,15 +258,27 @@ class AmpScaler:
         next step, in place of unscaling its parameters' gradients."""
         state = self._optimizer_states[id(optimizer)]
         _refuse_unscale_in(state["state"])
-        groups = kernels.grads_by_dtype_of(grads)
-        state["grads"] = groups
+        state["grads"] = list(grads)
         # Multiplying by exactly 1 leaves every value as it is: the kernel only checks.
-        state["found_inf"] = self._found_inf = self._sync.reduce(
-            kernels.unscale_and_check_(
-                groups, paddle.ones_like(self._scale), self._temp_found_inf_value_false
-            )
+        self._take_verdict(
+            state,
+            *kernels.unscale_and_decide_(
+                grads, paddle.ones_like(self._scale), self._temp_found_inf_value_false
+            ),
         )
+        state["found_inf"] = self._found_inf
         state["state"] = OptimizerState.UNSCALED
+
+    def _take_verdict(
+        self, state: _OptimizerRecord, found_inf: Tensor, found_on_host: bool | None
+    ) -> None:
+        """Make an unscale's flag the verdict (``_found_inf``), reduced over the ranks;
+        keep its host value, if it had one, for the step to decide on."""
+        # Before any rank decides: every rank then skips, updates and counts alike.
+        self._found_inf = self._sync.reduce(found_inf)
+        # A flag reduced over ranks is a new one, known on the device only.
+        if found_on_host is not None and self._found_inf is found_inf:
+            state["host_verdict"] = (found_inf, found_on_host)
 
     def _prepare_step(self, optimizer: Any, state: _OptimizerRecord) -> None:
         if state["state"] is OptimizerState.STEPPED:
@@ -291,10 +299,17 @@ class AmpScaler:
             # A wrapper's _unscale already brought the verdict to the host.
             self._cache_found_inf = bool(found_inf)
             return _SKIPPED_ON_HOST if found_inf else run_step()
+        host_verdict = state["host_verdict"]
+        if host_verdict is not None and host_verdict[0] is found_inf:
+            # On a CPU the verdict came back with the unscale, with no read and nothing
+            # to wait for: skipping on the host spares the optimizer reading the flag
+            # through Tensor.__bool__. On a GPU the flag stays on the device.
+            self._cache_found_inf = host_verdict[1]
+            return _SKIPPED_ON_HOST if host_verdict[1] else run_step()
 
         if optimizers.zero_grads_make_no_update(optimizer):
             # A replaced _unscale (fleet's) leaves no gradient list behind.
-            grads = state["grads"] or kernels.grads_by_dtype(optimizers.parameters_of(optimizer))
+            grads = state["grads"] or kernels.grads_of(optimizers.parameters_of(optimizer))
             kernels.zero_if_found_(
                 grads, found_inf, self._scale, self._incr_count, self._decr_count
             )
@@ -327,7 +342,6 @@ class AmpScaler:
         found_inf = kernels.any_of(verdicts)
         dynamic = update_scale and self._use_dynamic_loss_scaling
         if dynamic:
-            self._run.flush()  # a count still waiting needs the counters as they are
             self._update_scale(found_inf)
         self._run.record_(found_inf, (self._incr_count, self._decr_count) if dynamic else None)
         self._start_new_iteration()
@@ -457,7 +471,6 @@ class AmpScaler:
         """Set the growth period; a streak already that long grows at the next finite step."""
         period = validation.check_period(new_incr_every_n_steps, "new_incr_every_n_steps")
         self._incr_every_n_steps = period
-        self._run.flush()
         _clamp_below_(self._incr_count, period)
 
     def get_decr_every_n_nan_or_inf(self) -> int:
@@ -467,7 +480,6 @@ class AmpScaler:
         """Set the back-off period; a streak already that long backs off at the next inf/nan."""
         period = validation.check_period(new_decr_every_n_nan_or_inf, "new_decr_every_n_nan_or_inf")
         self._decr_every_n_nan_or_inf = period
-        self._run.flush()
         _clamp_below_(self._decr_count, period)
 
     def get_incr_count(self) -> int:
@@ -478,7 +490,6 @@ class AmpScaler:
         count = validation.check_count(
             new_incr_count, "new_incr_count", self._incr_every_n_steps, "incr_every_n_steps"
         )
-        self._run.flush()
         self._incr_count.fill_(count)
 
     def get_decr_count(self) -> int:
@@ -492,7 +503,6 @@ class AmpScaler:
             self._decr_every_n_nan_or_inf,
             "decr_every_n_nan_or_inf",
         )
-        self._run.flush()
         self._decr_count.fill_(count)
 
     # -- state_dict -----------------------------------------------------------------
@@ -530,7 +540,6 @@ class AmpScaler:
                 "state_dict of an enabled one"
             )
         loaded = parse_state_dict(state_dict)
-        self._run.flush()
         self._bounds = loaded.bounds or self._bounds
         scale = _within(loaded.scale, self._bounds)
         self._init_loss_scaling = scale

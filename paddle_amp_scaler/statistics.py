@@ -2,8 +2,8 @@
 
 Each iteration advances five counters on the device, with no read: the verdict and
 whether the update rule changed the scale pick one of four transition matrices, and one
-matrix product applies it (on a CPU, one compiled op does the same inside the next
-unscale call). ``stats()`` reads them, once per call.
+matrix product applies it (on a CPU, one call of the compiled module does the same in
+place). ``stats()`` reads them, once per call.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import numpy.typing as npt
 import paddle
 from paddle import Tensor
 
-from . import distributed, fused_cpu, kernels
+from . import distributed, kernels
 
 logger = logging.getLogger("paddle_amp_scaler")
 # Untyped for the checker: see kernels.py.
@@ -158,23 +158,20 @@ class RunCounters:
         self._no_reset = paddle.to_tensor([False, False], place=place)
         self._zero_counts = paddle.to_tensor([0, 0], dtype="int32", place=place)
         self._zero_count = paddle.to_tensor([0], dtype="int32", place=place)
-        self._pending: kernels.PendingCount | None = None
         self.iterations = 0
 
     def record_(self, found: Tensor, rule_counters: tuple[Tensor, Tensor] | None) -> None:
         """Count one iteration from its verdict ``found`` (bool [1]) and, in dynamic mode,
         the update rule's ``(incr_count, decr_count)`` after its update; queued, not read.
 
-        Where the compiled CPU ops serve, the count waits for the next unscale, which does
-        it in the same call (``take_pending``); until then the rule's counters must not
-        change, so the scaler calls ``flush()`` before anything else changes them.
-        Elsewhere: six Paddle operations (four in fixed mode), now.
+        One call where the compiled CPU module serves; elsewhere six Paddle operations
+        (four in fixed mode).
         """
         self.iterations += 1
-        self.flush()
-        if kernels.fused_ops_for(self._row) is not None:
+        fused = kernels.fused_ops_for(self._row)
+        if fused is not None:
             counters = rule_counters or (self._zero_count, self._zero_count)
-            self._pending = (self._row, found, *counters, rule_counters is not None)
+            fused.count_iteration(self._row, found, *counters, rule_counters is not None)
             return
         if rule_counters is None:
             reset = self._no_reset
@@ -184,34 +181,8 @@ class RunCounters:
         matrix = _C_ops.gather_nd(self._transitions, index)
         self._row = _C_ops.matmul(self._row, matrix, False, False)
 
-    def take_pending(self) -> kernels.PendingCount | None:
-        """The count waiting for an unscale, handed over; give the row back to
-        ``settle``."""
-        pending, self._pending = self._pending, None
-        return pending
-
-    def settle(self, pending: kernels.PendingCount | None, counted: Tensor | None) -> None:
-        """Take the row an unscale counted; if none could, count ``pending`` now."""
-        if counted is not None:
-            self._row = counted
-        elif pending is not None:
-            self._pending = pending
-            self.flush()
-
-    def flush(self) -> None:
-        """Count the waiting iteration now, in a call of its own."""
-        pending = self.take_pending()
-        if pending is None:
-            return
-        # Loaded already: a count waits only where the compiled ops served.
-        fused = fused_cpu.load()
-        if fused is None:
-            raise RuntimeError("the compiled CPU ops went away with a count waiting")
-        self._row = fused.count_iteration(*pending)
-
     def read(self, scale: Tensor) -> ScalerStats:
         """The counts and ``scale``, in one read of the device."""
-        self.flush()
         values = paddle.concat([self._row[0, :-1], scale.astype(paddle.float64)]).numpy()
         skipped, streak, since_skip, growths, backoffs, current = values.tolist()
         last = self.iterations - int(since_skip) if skipped else None
@@ -226,7 +197,6 @@ class RunCounters:
         )
 
     def load(self, stats: ScalerStats) -> None:
-        self._pending = None
         since_skip = 0 if stats.last_skipped is None else stats.iterations - stats.last_skipped
         counts = [stats.skipped, stats.skip_streak, since_skip, stats.growths, stats.backoffs]
         self._row = paddle.to_tensor([[*counts, 1]], dtype=paddle.float64, place=self._row.place)

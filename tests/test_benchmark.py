@@ -14,7 +14,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "benchmarks", "bench_scaler.py")
 IMPLS = ["none", "native-step", "native-minimize", "ours-step", "ours-minimize", "floor"]
 ORIGINS = ["scaler", "paddle", "other"]
-PASSES = ["ours", "native", "copy"]
+PASSES = ["ours", "native", "copy", "numpy"]
 OPTION_ROWS = [
     "ours-step[no stats]",
     "ours-step[max bound]",
@@ -75,6 +75,7 @@ def test_quick_benchmark_reports_every_figure(tmp_path):
             figures = bandwidth["passes"][name]
             assert is_positive(figures["gb_per_s"]), (bandwidth["workload"], name)
             assert is_positive(figures["vs_copy"]), (bandwidth["workload"], name)
+            assert is_positive(figures["vs_numpy"]), (bandwidth["workload"], name)
 
     for optimizer_name in ("sgd", "adamw"):
         fits = results["cost_vs_size"][optimizer_name]

@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from paddle_amp_scaler import GradScaler as PaddleStyleGradScaler
+from paddle_amp_scaler import kernels
 from paddle_amp_scaler.compat.torch import GradScaler
 from paddle_amp_scaler.testing import HostReadCounter
 
@@ -23,6 +24,7 @@ from helpers import (
     GradInjector,
     assert_arrays_equal,
     batches,
+    expected_reads,
     loss_of,
     make_model,
     optimizer_state_of,
@@ -231,16 +233,17 @@ def expected_schedule(rule, overflows):
     factors=st.sampled_from([(2.0, 0.5), (4.0, 0.25), (3.0, 0.5), (2.0, 0.75)]),
 )
 def test_scale_follows_pytorch_rule(overflows, interval, factors):
-    # From 2**20, fourteen back-offs stay above 1.0, where ours and PyTorch's agree.
+    # From 2**30, fourteen back-offs, even by 0.25, stay above 1.0, where ours and
+    # PyTorch's agree; fourteen growths, even by 4, stay within float32.
     growth, backoff = factors
     scaler = GradScaler(
         "cpu",
-        init_scale=2.0**20,
+        init_scale=2.0**30,
         growth_factor=growth,
         backoff_factor=backoff,
         growth_interval=interval,
     )
-    rule = TorchRule(2.0**20, growth, backoff, interval)
+    rule = TorchRule(2.0**30, growth, backoff, interval)
     assert run_schedule(scaler, overflows) == expected_schedule(rule, overflows)
 
 
@@ -281,8 +284,9 @@ def test_update_with_new_scale_still_counts_the_iteration():
 # -- reads, return values, disabled -------------------------------------------------------
 
 
+@pytest.mark.parametrize("path", kernels.unscale_paths())
 @pytest.mark.parametrize(("make_optimizer", "paddle_reads"), [(sgd, 0), (adam, 1)])
-def test_host_reads_are_the_core_figures(make_optimizer, paddle_reads):
+def test_host_reads_are_the_core_figures(make_optimizer, paddle_reads, path):
     model = make_model()
     optimizer = make_optimizer(model)
     injector = GradInjector(model[0].weight)
@@ -290,14 +294,18 @@ def test_host_reads_are_the_core_figures(make_optimizer, paddle_reads):
     counter = HostReadCounter()
     for step, batch in enumerate(batches(steps=3)):
         loss = loss_of(model, batch)
-        with counter.counting(), injector.inject(math.inf if step == 1 else None):
+        with (
+            kernels.using_unscale_path(path),
+            counter.counting(),
+            injector.inject(math.inf if step == 1 else None),
+        ):
             scaler.scale([loss, (loss,)])[1][0].backward()
             scaler.unscale_(optimizer)
             scaler.step(optimizer)
             scaler.update()
             optimizer.clear_grad()
     assert counter.reads["scaler"] == 0, counter.where
-    assert counter.total() == 3 * paddle_reads, counter.where
+    assert counter.total() == 3 * expected_reads(path, paddle_reads), counter.where
 
 
 class HandMadeSGD:

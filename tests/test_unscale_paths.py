@@ -42,7 +42,7 @@ def through_path(path, arrays, scale, dtype):
     grads = [paddle.to_tensor(a) for a in arrays]
     with kernels.using_unscale_path(path):
         found = kernels.unscale_and_check_(
-            kernels.grads_by_dtype_of(grads),
+            grads,
             paddle.to_tensor([scale], dtype="float32"),
             paddle.to_tensor([False]),
         )
