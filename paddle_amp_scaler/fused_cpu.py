@@ -44,9 +44,10 @@ _BUILT = "paddle_amp_scaler.built"
 # The compiled module: unscale_and_check(grads, scale) -> (found_inf, found as a bool);
 # unscale_check_and_tally(grads, scale) -> (found_inf, tally);
 # zero_if_found(grads, found_inf); update_scale(found_inf, scale, incr_count, decr_count,
-# incr_every_n_steps, decr_every_n_nan_or_inf, incr_ratio, decr_ratio);
-# count_iteration(row, found_inf, incr_count, decr_count, dynamic). Grads are float32 or
-# float64 CPU tensors, mixed as they come; the last three write their tensors in place.
+# incr_out, decr_out, incr_every_n_steps, decr_every_n_nan_or_inf, incr_ratio,
+# decr_ratio), the scale in place; count_iteration(row, found_inf, incr_count,
+# decr_count, dynamic), the row in place. Grads are float32 or float64 CPU tensors, mixed
+# as they come.
 FusedOps = Any
 
 
@@ -163,11 +164,17 @@ def _verify(ops: FusedOps) -> None:
     if row.numpy().tolist() != [[3.0, 0.0, 1.0, 5.0, 4.0, 1.0]]:
         raise RuntimeError("the compiled counter failed its check on a finite iteration")
     scale, incr, decr = paddle.to_tensor([4.0]), one.clone(), one.clone()
-    ops.update_scale(paddle.to_tensor([True]), scale, incr, decr, 3, 2, 2.0, 0.5)
+    ops.update_scale(paddle.to_tensor([True]), scale, incr, decr, incr, decr, 3, 2, 2.0, 0.5)
     if [scale.numpy()[0], incr.numpy()[0], decr.numpy()[0]] != [2.0, 0, 0]:
         raise RuntimeError("the compiled update rule failed its check on a back-off")
-    ops.update_scale(paddle.to_tensor([False]), scale, incr, decr, 1, 2, 2.0, 0.5)
-    if [scale.numpy()[0], incr.numpy()[0], decr.numpy()[0]] != [4.0, 0, 0]:
+    counters = (one.clone(), one.clone())
+    ops.update_scale(paddle.to_tensor([False]), scale, incr, decr, *counters, 1, 2, 2.0, 0.5)
+    if [scale.numpy()[0], *(counter.numpy()[0] for counter in counters), incr.numpy()[0]] != [
+        4.0,
+        0,
+        0,
+        0,
+    ]:
         raise RuntimeError("the compiled update rule failed its check on a growth")
 
 

@@ -194,29 +194,34 @@ void ZeroIfFound(const Tensors& xs, const paddle::Tensor& found) {
   }
 }
 
-// One step of the dynamic update rule on the float32 scale and the int32 counters, in
-// place, with the arithmetic of Paddle's update_loss_scaling kernel: products in float32,
-// a growth that would leave float32's range refused, a back-off floored at 1.
-void UpdateScale(const paddle::Tensor& found, paddle::Tensor& scale, paddle::Tensor& incr_count,
-                 paddle::Tensor& decr_count, int incr_every_n_steps,
+// One step of the dynamic update rule on the float32 scale, in place, and the int32
+// counters, written to `incr_out` and `decr_out` (which may be the inputs), with the
+// arithmetic of Paddle's update_loss_scaling kernel: products in float32, a growth that
+// would leave float32's range refused, a back-off floored at 1.
+void UpdateScale(const paddle::Tensor& found, paddle::Tensor& scale,
+                 const paddle::Tensor& incr_count, const paddle::Tensor& decr_count,
+                 paddle::Tensor& incr_out, paddle::Tensor& decr_out, int incr_every_n_steps,
                  int decr_every_n_nan_or_inf, float incr_ratio, float decr_ratio) {
   float* scale_value = scale.data<float>();
-  int32_t* incr = incr_count.data<int32_t>();
-  int32_t* decr = decr_count.data<int32_t>();
+  int32_t incr = incr_count.data<int32_t>()[0];
+  int32_t decr = decr_count.data<int32_t>()[0];
   if (found.data<bool>()[0]) {
-    *incr = 0;
-    if (++*decr == decr_every_n_nan_or_inf) {
-      *scale_value = std::max(*scale_value * decr_ratio, 1.0f);
-      *decr = 0;
+    incr = 0;
+    if (++decr == decr_every_n_nan_or_inf) {
+      const float lowered = *scale_value * decr_ratio;
+      *scale_value = lowered < 1.0f ? 1.0f : lowered;
+      decr = 0;
     }
   } else {
-    *decr = 0;
-    if (++*incr == incr_every_n_steps) {
+    decr = 0;
+    if (++incr == incr_every_n_steps) {
       const float grown = *scale_value * incr_ratio;
       if (std::isfinite(grown)) *scale_value = grown;
-      *incr = 0;
+      incr = 0;
     }
   }
+  incr_out.data<int32_t>()[0] = incr;
+  decr_out.data<int32_t>()[0] = decr;
 }
 
 // One iteration's statistics, in place: `row` is statistics.py's float64

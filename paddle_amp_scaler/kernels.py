@@ -38,6 +38,7 @@ if TYPE_CHECKING:  # typing.TypeGuard needs Python 3.10
 # Untyped for the checker, like the rest of Paddle: Paddle 3 ships a stub of its ops,
 # which mypy would follow (follow_imports does not reach stubs) and 2.6 has none.
 _C_ops: Any = paddle._C_ops
+_legacy_C_ops: Any = paddle._legacy_C_ops
 _eager: Any = paddle.base.core.eager
 
 # Gradients by dtype (a paddle dtype), in parameter order: Paddle's kernels take one
@@ -100,13 +101,11 @@ def _scale_for(dtype: Any, scale: Tensor) -> Tensor:
 def scaled(tensor: Tensor, scale: Tensor) -> Tensor:
     """A new tensor holding ``tensor * scale``: float64 for float64, else float32 (a
     float16 loss times a large scale would overflow in float16)."""
-    # A 0-d factor keeps a 0-d loss 0-d.
-    factor = scale.reshape([])
-    if tensor.dtype == paddle.float64:
-        return tensor * factor.astype(paddle.float64)
-    if tensor.dtype != paddle.float32:
+    if tensor.dtype not in (paddle.float32, paddle.float64):
         tensor = tensor.astype(paddle.float32)
-    return tensor * factor
+    # One operation that keeps the tensor's shape (a 0-d loss stays 0-d); it takes the
+    # factor from the device, in the tensor's precision.
+    return _C_ops.scale(tensor, scale, 0.0, True)
 
 
 def unscaled(tensor: Tensor, scale: Tensor) -> Tensor:
@@ -299,14 +298,16 @@ def update_scale_(
     scale: Tensor,
     incr_count: Tensor,
     decr_count: Tensor,
+    counters_into: tuple[Tensor, Tensor],
     scratch: Tensor,
     *,
     incr_every_n_steps: int,
     decr_every_n_nan_or_inf: int,
     incr_ratio: float,
     decr_ratio: float,
-) -> None:
-    """Apply one step of the dynamic update rule to scale and counters, in place.
+) -> tuple[Tensor, Tensor]:
+    """One step of the dynamic update rule: ``scale`` in place, the counters written to
+    ``counters_into`` (the inputs stay as they were), which it returns.
 
     ``scratch`` is a float32 [1] tensor that stands in for Paddle's kernel's ``xs``: the
     grads were dealt with before the step, and the kernel refuses an empty list. The
@@ -319,21 +320,31 @@ def update_scale_(
             scale,
             incr_count,
             decr_count,
+            *counters_into,
             incr_every_n_steps,
             decr_every_n_nan_or_inf,
             incr_ratio,
             decr_ratio,
         )
-        return
-    _C_ops.update_loss_scaling_(
+        return counters_into
+    # The operator form that writes to given outputs (the _C_ops form writes in place).
+    # The kernel writes the scale only when it changes it: that output is the input.
+    _legacy_C_ops.update_loss_scaling(
         [scratch],
         found_inf,
         scale,
         incr_count,
         decr_count,
+        [scratch],
+        scale,
+        *counters_into,
+        "incr_every_n_steps",
         incr_every_n_steps,
+        "decr_every_n_nan_or_inf",
         decr_every_n_nan_or_inf,
+        "incr_ratio",
         incr_ratio,
+        "decr_ratio",
         decr_ratio,
-        False,
     )
+    return counters_into

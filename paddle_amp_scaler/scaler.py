@@ -355,14 +355,19 @@ class AmpScaler:
 
     def _update_scale(self, found_inf: Tensor) -> None:
         """One step of the dynamic update rule, on the device, from a bool [1] verdict,
-        kept within the bounds (no operation for the default ones)."""
+        kept within the bounds (no operation for the default ones).
+
+        The counters move to the slots ``RunCounters`` hands out, which keeps the ones
+        it has yet to count as they are.
+        """
         lower, upper = self._bounds
         before = self._scale.clone() if lower < 1.0 else None
-        kernels.update_scale_(
+        self._incr_count, self._decr_count = kernels.update_scale_(
             found_inf,
             self._scale,
             self._incr_count,
             self._decr_count,
+            self._run.next_slots(),
             self._update_scratch,
             incr_every_n_steps=self._incr_every_n_steps,
             decr_every_n_nan_or_inf=self._decr_every_n_nan_or_inf,
@@ -471,6 +476,7 @@ class AmpScaler:
         """Set the growth period; a streak already that long grows at the next finite step."""
         period = validation.check_period(new_incr_every_n_steps, "new_incr_every_n_steps")
         self._incr_every_n_steps = period
+        self._run.fold()
         _clamp_below_(self._incr_count, period)
 
     def get_decr_every_n_nan_or_inf(self) -> int:
@@ -480,6 +486,7 @@ class AmpScaler:
         """Set the back-off period; a streak already that long backs off at the next inf/nan."""
         period = validation.check_period(new_decr_every_n_nan_or_inf, "new_decr_every_n_nan_or_inf")
         self._decr_every_n_nan_or_inf = period
+        self._run.fold()
         _clamp_below_(self._decr_count, period)
 
     def get_incr_count(self) -> int:
@@ -490,6 +497,7 @@ class AmpScaler:
         count = validation.check_count(
             new_incr_count, "new_incr_count", self._incr_every_n_steps, "incr_every_n_steps"
         )
+        self._run.fold()
         self._incr_count.fill_(count)
 
     def get_decr_count(self) -> int:
@@ -503,6 +511,7 @@ class AmpScaler:
             self._decr_every_n_nan_or_inf,
             "decr_every_n_nan_or_inf",
         )
+        self._run.fold()
         self._decr_count.fill_(count)
 
     # -- state_dict -----------------------------------------------------------------
@@ -540,6 +549,7 @@ class AmpScaler:
                 "state_dict of an enabled one"
             )
         loaded = parse_state_dict(state_dict)
+        self._run.fold()  # counts kept by this scaler stay, unless the dict brings its own
         self._bounds = loaded.bounds or self._bounds
         scale = _within(loaded.scale, self._bounds)
         self._init_loss_scaling = scale

@@ -1,9 +1,10 @@
 """What a scaler's run has done, counted on the device, and the policy for a stuck run.
 
 Each iteration advances five counters on the device, with no read: the verdict and
-whether the update rule changed the scale pick one of four transition matrices, and one
-matrix product applies it (on a CPU, one call of the compiled module does the same in
-place). ``stats()`` reads them, once per call.
+whether the update rule changed the scale pick one of four transition matrices, and
+their product applies them, folded in batches of up to 128 iterations (on a CPU, one
+call of the compiled module counts each iteration in place). ``stats()`` reads them,
+once per call.
 """
 
 from __future__ import annotations
@@ -137,52 +138,112 @@ def _transition(found: bool, scale_changed: bool) -> npt.NDArray[np.float64]:
     return matrix
 
 
+# Iterations a fold counts at most: the slot ring below holds one more than this.
+_FOLD_EVERY = 128
+
+# Where the update rule writes one iteration's (incr_count, decr_count).
+RuleSlots = tuple[Tensor, Tensor]
+
+
 class RunCounters:
     """The counters behind ``ScalerStats``: a float64 row ``[*counters, 1]`` on the
-    device (exact up to 2**53), and the number of iterations on the host."""
+    device (exact up to 2**53), and the number of iterations on the host.
+
+    Where the compiled CPU module serves, each iteration is counted as it ends, in place,
+    in one call. Elsewhere an iteration costs no operation at all: its verdict and the
+    rule's counters after its update are kept as they are (the update writes each
+    iteration's counters into a fresh slot of a ring, see ``next_slots``), and ``fold``
+    counts up to 128 of them at once: one transition matrix each, multiplied pairwise,
+    about 30 small operations in all.
+    """
 
     def __init__(self, place: Any) -> None:
-        # TRANSITIONS[found][incr_count == 0][decr_count == 0], the counters being the
-        # update rule's after its update: it changed the scale exactly when it reset the
-        # counter of this iteration's kind.
+        # TRANSITIONS[found][scale_changed]. The update rule changed the scale exactly
+        # when it reset the counter of this iteration's kind.
         both = (False, True)
-        tables = [
-            [
-                [_transition(found, decr_reset if found else incr_reset) for decr_reset in both]
-                for incr_reset in both
-            ]
-            for found in both
-        ]
+        tables = [[_transition(found, changed) for changed in both] for found in both]
         self._transitions = paddle.to_tensor(np.array(tables), place=place)
+        self._identity = paddle.to_tensor(np.eye(len(_COUNTERS) + 1)[np.newaxis], place=place)
         self._row = paddle.to_tensor(np.eye(1, len(_COUNTERS) + 1, len(_COUNTERS)), place=place)
-        self._no_reset = paddle.to_tensor([False, False], place=place)
-        self._zero_counts = paddle.to_tensor([0, 0], dtype="int32", place=place)
         self._zero_count = paddle.to_tensor([0], dtype="int32", place=place)
+        # (found, incr_count, decr_count or None in fixed mode) of iterations not yet folded.
+        self._unfolded: list[tuple[Tensor, Tensor | None, Tensor | None]] = []
+        self._slots: list[RuleSlots] = [
+            (
+                paddle.to_tensor([0], dtype="int32", place=place),
+                paddle.to_tensor([0], dtype="int32", place=place),
+            )
+            for _ in range(_FOLD_EVERY + 1)
+        ]
+        self._next_slot = 0
+        self._slots_handed_out = 0
         self.iterations = 0
+
+    def next_slots(self) -> RuleSlots:
+        """Where the update rule writes this iteration's counters. Slots come round again
+        only after a fold: until then the counters an unfolded iteration refers to stay
+        as the rule left them, with no copy."""
+        if self._slots_handed_out == _FOLD_EVERY:
+            self.fold()
+        slots = self._slots[self._next_slot]
+        self._next_slot = (self._next_slot + 1) % len(self._slots)
+        self._slots_handed_out += 1
+        return slots
 
     def record_(self, found: Tensor, rule_counters: tuple[Tensor, Tensor] | None) -> None:
         """Count one iteration from its verdict ``found`` (bool [1]) and, in dynamic mode,
-        the update rule's ``(incr_count, decr_count)`` after its update; queued, not read.
-
-        One call where the compiled CPU module serves; elsewhere six Paddle operations
-        (four in fixed mode).
-        """
+        the update rule's ``(incr_count, decr_count)`` after its update (from
+        ``next_slots``); nothing is read."""
         self.iterations += 1
         fused = kernels.fused_ops_for(self._row)
         if fused is not None:
+            self.fold()  # iterations left by another path come first
             counters = rule_counters or (self._zero_count, self._zero_count)
             fused.count_iteration(self._row, found, *counters, rule_counters is not None)
             return
-        if rule_counters is None:
-            reset = self._no_reset
+        incr, decr = rule_counters or (None, None)
+        self._unfolded.append((found, incr, decr))
+        if len(self._unfolded) == _FOLD_EVERY:
+            self.fold()
+
+    def fold(self) -> None:
+        """Count the iterations kept so far; call it before changing the rule's counters
+        in place."""
+        unfolded, self._unfolded = self._unfolded, []
+        self._slots_handed_out = 0
+        if not unfolded:
+            return
+        found = _C_ops.concat([flag for flag, _, _ in unfolded], 0)
+        dynamic = [incr is not None for _, incr, _ in unfolded]
+        if any(dynamic):
+            # The counter of each iteration's kind, zero where the rule reset it.
+            kind = _C_ops.where(
+                found,
+                _C_ops.concat([self._zero_count if d is None else d for _, _, d in unfolded], 0),
+                _C_ops.concat([self._zero_count if i is None else i for _, i, _ in unfolded], 0),
+            )
+            changed = _C_ops.equal(kind, self._zero_count)
+            if not all(dynamic):  # a fixed-scale iteration changed nothing
+                changed = _C_ops.logical_and(changed, paddle.to_tensor(dynamic, place=found.place))
         else:
-            reset = _C_ops.equal(_C_ops.concat(list(rule_counters), 0), self._zero_counts)
-        index = _C_ops.cast(_C_ops.concat([found, reset], 0), paddle.int64)
-        matrix = _C_ops.gather_nd(self._transitions, index)
-        self._row = _C_ops.matmul(self._row, matrix, False, False)
+            changed = paddle.zeros_like(found)
+        index = _C_ops.cast(_C_ops.stack([found, changed], 1), paddle.int64)
+        self._row = _C_ops.matmul(
+            self._row, self._product(_C_ops.gather_nd(self._transitions, index)), False, False
+        )
+
+    def _product(self, matrices: Tensor) -> Tensor:
+        """``matrices[0] @ matrices[1] @ ...``, multiplied pairwise: log2(n) rounds."""
+        while matrices.shape[0] > 1:
+            if matrices.shape[0] % 2:
+                matrices = _C_ops.concat([matrices, self._identity], 0)
+            pairs = matrices.reshape([-1, 2, *matrices.shape[1:]])
+            matrices = _C_ops.matmul(pairs[:, 0], pairs[:, 1], False, False)
+        return matrices[0]
 
     def read(self, scale: Tensor) -> ScalerStats:
         """The counts and ``scale``, in one read of the device."""
+        self.fold()
         values = paddle.concat([self._row[0, :-1], scale.astype(paddle.float64)]).numpy()
         skipped, streak, since_skip, growths, backoffs, current = values.tolist()
         last = self.iterations - int(since_skip) if skipped else None
@@ -197,6 +258,8 @@ class RunCounters:
         )
 
     def load(self, stats: ScalerStats) -> None:
+        self._unfolded = []
+        self._slots_handed_out = 0
         since_skip = 0 if stats.last_skipped is None else stats.iterations - stats.last_skipped
         counts = [stats.skipped, stats.skip_streak, since_skip, stats.growths, stats.backoffs]
         self._row = paddle.to_tensor([[*counts, 1]], dtype=paddle.float64, place=self._row.place)

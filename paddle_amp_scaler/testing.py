@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import sys
@@ -112,3 +113,47 @@ class HostReadCounter:
                         delattr(paddle.Tensor, name)
                 else:
                     setattr(paddle.Tensor, name, original)
+
+
+class OperationCounter:
+    """Counts the Paddle operations run inside ``counting()``, by name: on a GPU each is a
+    kernel launch (or a few), so this is what a step costs there, measured on any machine.
+
+    Paddle's profiler records them (on its CPU tracer); an operation that runs others
+    inside counts once::
+
+        counter = OperationCounter()
+        with counter.counting():
+            scaler.step(optimizer)
+            scaler.update()
+        counter.operations      # Counter({"check_finite_and_unscale_": 1, ...})
+    """
+
+    def __init__(self) -> None:
+        self.operations: collections.Counter[str] = collections.Counter()
+
+    def total(self) -> int:
+        return sum(self.operations.values())
+
+    @contextlib.contextmanager
+    def counting(self) -> Iterator[OperationCounter]:
+        from paddle import profiler
+
+        recorder = profiler.Profiler(
+            targets=[profiler.ProfilerTarget.CPU], on_trace_ready=lambda _: None
+        )
+        recorder.start()
+        try:
+            yield self
+        finally:
+            recorder.stop()
+            for root in recorder.profiler_result.get_data().values():
+                self._count(root, profiler.TracerEventType.Operator)
+
+    def _count(self, node: Any, operator_type: Any) -> None:
+        if node.type == operator_type:
+            # "adamw_ dygraph": the operation's name, then how it was run.
+            self.operations[node.name.split()[0]] += 1
+            return
+        for child in node.children_node:
+            self._count(child, operator_type)

@@ -93,24 +93,44 @@ def scaler_for(rule, kind=GradScaler, **options):
     incr=st.integers(1, 3),
     decr=st.integers(1, 3),
     dynamic=st.booleans(),
+    path=st.sampled_from(kernels.unscale_paths()),
 )
-def test_stats_follow_the_run(overflows, incr, decr, dynamic):
+def test_stats_follow_the_run(overflows, incr, decr, dynamic, path):
     # From 2.0 the floor is reached, and back-offs held there count.
     rule = dict(scale=2.0, incr_every_n_steps=incr, decr_every_n_nan_or_inf=decr, dynamic=dynamic)
-    run = Run(scaler_for(rule))
-    for overflow in overflows:
-        run.iteration(overflow)
-    assert run.scaler.stats() == expected_stats(overflows, **rule)
+    with kernels.using_unscale_path(path):
+        run = Run(scaler_for(rule))
+        for overflow in overflows:
+            run.iteration(overflow)
+        assert run.scaler.stats() == expected_stats(overflows, **rule)
 
 
+@pytest.mark.parametrize("dynamic", [True, False])
+@pytest.mark.parametrize("path", kernels.unscale_paths())
+def test_long_runs_count_across_folds(path, dynamic):
+    # Off the compiled path iterations are counted in folds of up to 128: reads fall
+    # inside, at and across fold boundaries.
+    overflows = [(index * 7919) % 10 < 3 for index in range(300)]
+    rule = dict(scale=2.0**6, incr_every_n_steps=3, decr_every_n_nan_or_inf=2, dynamic=dynamic)
+    with kernels.using_unscale_path(path):
+        run = Run(scaler_for(rule))
+        for index, overflow in enumerate(overflows):
+            run.iteration(overflow)
+            if index + 1 in (1, 127, 128, 129, 256, 270):
+                assert run.scaler.stats() == expected_stats(overflows[: index + 1], **rule), index
+        assert run.scaler.stats() == expected_stats(overflows, **rule)
+
+
+@pytest.mark.parametrize("path", kernels.unscale_paths())
 @pytest.mark.parametrize("kind", [GradScaler, AmpScaler])
-def test_two_optimizers_count_one_iteration(kind):
+def test_two_optimizers_count_one_iteration(kind, path):
     overflows = [False, True, True, False, False, True, False, False, False]
     optimizers = 2 if kind is GradScaler else 1
-    run = Run(scaler_for(RULE, kind), optimizers=optimizers)
-    for step, overflow in enumerate(overflows):
-        run.iteration(overflow, which=step % optimizers)
-    assert run.scaler.stats() == expected_stats(overflows, **RULE)
+    with kernels.using_unscale_path(path):
+        run = Run(scaler_for(RULE, kind), optimizers=optimizers)
+        for step, overflow in enumerate(overflows):
+            run.iteration(overflow, which=step % optimizers)
+        assert run.scaler.stats() == expected_stats(overflows, **RULE)
 
 
 def test_last_step_skipped():
@@ -298,18 +318,22 @@ def test_bad_policy_arguments(options, error, match):
         GradScaler(**options)
 
 
-# -- on a CPU an iteration is counted in the next unscale's call: what may come between --
+# -- off the compiled path iterations are counted later, in folds: what may come between --
 
 
-def test_a_setter_between_iterations_does_not_change_the_last_count():
+@pytest.mark.parametrize("path", kernels.unscale_paths())
+def test_a_setter_between_iterations_does_not_change_the_last_count(path):
     # Growth at the third finite step resets incr_count to 0; setting it to 2 before
-    # the next unscale must not make that iteration look as if the rule had not fired.
-    run = Run(scaler_for(dict(scale=8.0, incr_every_n_steps=3, decr_every_n_nan_or_inf=1)))
-    for _ in range(3):
-        run.iteration(False)
-    run.scaler.set_incr_count(2)
-    run.scaler.set_decr_every_n_nan_or_inf(2)
-    assert run.scaler.stats().growths == 1
+    # the count must not make that iteration look as if the rule had not fired.
+    with kernels.using_unscale_path(path):
+        run = Run(scaler_for(dict(scale=8.0, incr_every_n_steps=3, decr_every_n_nan_or_inf=1)))
+        for _ in range(3):
+            run.iteration(False)
+        run.scaler.set_incr_count(2)
+        run.scaler.set_decr_every_n_nan_or_inf(2)
+        assert run.scaler.stats().growths == 1
+        run.iteration(False)  # 2 + 1 reaches the period again
+        assert run.scaler.stats().growths == 2
 
 
 @pytest.mark.parametrize("path", ["paddle", "fused-cpu"])

@@ -1,0 +1,59 @@
+"""What one step issues on the path a GPU takes, counted: Paddle operations (kernel
+launches there) and host reads (device syncs), ours against Paddle's own scaler.
+
+Ours' counts are a budget, stated in docs/benchmarks.md: a change that adds an
+operation to the path fails here, and so does one that makes ours issue more than
+Paddle's with an optimizer that reads the flag.
+"""
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks"))
+
+import gpu_path_ops  # noqa: E402
+
+from paddle_amp_scaler import statistics  # noqa: E402
+
+# The stubbed optimizers hold float16 parameters on purpose; they update nothing.
+pytestmark = pytest.mark.filterwarnings("ignore:Accumulating with FP16")
+
+
+def budget(case):
+    """Ours per step: scale() 1; per optimizer, one unscale per dtype group and the ORs
+    joining their flags; the ORs joining the optimizers' flags; the update 1; plain SGD
+    skips on the device, one zeroing per dtype group and optimizer, where the others
+    read the flag once per optimizer. Statistics: none per step (see the fold)."""
+    groups, optimizers = case.dtype_groups, case.optimizers
+    operations = 1 + optimizers * (2 * groups - 1) + (optimizers - 1) + 1
+    if case.optimizer == "sgd":
+        return operations + optimizers * groups, 0
+    return operations, optimizers
+
+
+@pytest.mark.parametrize("case", gpu_path_ops.cases(), ids=repr)
+def test_a_step_issues_what_the_budget_says(case):
+    counts = gpu_path_ops.count_case(case)
+    ours, native = counts["ours"], counts["native"]
+    assert (ours.operations, ours.reads) == budget(case), ours.names
+    if case.optimizer == "sgd":
+        # One launch per dtype group more than Paddle's, in place of its device sync.
+        assert ours.reads == 0 < native.reads
+        assert ours.operations == native.operations + case.optimizers * case.dtype_groups
+    else:
+        assert ours.operations <= native.operations, (ours.names, native.names)
+        assert ours.reads <= native.reads
+
+
+def test_the_statistics_fold_costs_what_the_budget_says():
+    # The 128th iteration of a run folds the statistics of all 128: its step (one
+    # unscale, one update; the optimizer's read) plus the fold. The fold: three concats,
+    # where, equal, stack, cast and gather_nd make the 128 transition matrices; each of
+    # log2(128) rounds multiplies them pairwise (reshape, two slices, a batched matmul);
+    # a slice and a matmul apply the product to the row.
+    assert statistics._FOLD_EVERY == 128
+    fold = 8 + 4 * 7 + 2
+    count = gpu_path_ops.count_fold()
+    assert (count.operations, count.reads) == (2 + fold, 1), count.names
