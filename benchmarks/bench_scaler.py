@@ -197,6 +197,11 @@ def parse_args(argv):
         help="draw the overheads relative to Paddle's to PATH, e.g. overhead.png "
         "(needs matplotlib)",
     )
+    parser.add_argument(
+        "--growth-figure",
+        metavar="PATH",
+        help="draw the overheads against parameters and tensors to PATH (needs matplotlib)",
+    )
     args = parser.parse_args(argv)
     args.profile = PROFILES["quick" if args.quick else "default"]
     if args.workloads is None:
@@ -450,6 +455,12 @@ def rounds_within(budget_s, round_s, profile, fixed_rounds) -> int:
     return max(profile.min_rounds, min(profile.max_rounds, int(budget_s / round_s)))
 
 
+def paired_overhead_ms(seconds, baseline_seconds) -> float:
+    """The median over rounds of a call's time minus the baseline's in the same round:
+    a load that drifts between rounds hits both sides of each difference alike."""
+    return median_ms([took - baseline for took, baseline in zip(seconds, baseline_seconds)])
+
+
 def median_ms(seconds) -> float:
     return statistics.median(seconds) * 1e3
 
@@ -484,12 +495,11 @@ def measure_steps(workload, optimizer_name, params, saved, args, rng) -> dict:
     reads = {name: count_host_reads(step, prepare) for name, step in steps.items()}
     rounds = rounds_within(args.profile.step_budget_s, round_s, args.profile, args.rounds)
     samples = time_interleaved(steps, rounds, prepare, rng)
-    baseline = median_ms(samples["none"])
     impls = {
         name: {
             "median_ms": median_ms(samples[name]),
             "iqr_ms": iqr_ms(samples[name]),
-            "overhead_ms": median_ms(samples[name]) - baseline,
+            "overhead_ms": paired_overhead_ms(samples[name], samples["none"]),
             "host_reads": reads[name],
         }
         for name in steps
@@ -523,6 +533,14 @@ def numpy_view(tensor):
     return np.ctypeslib.as_array((ctypes.c_float * elements).from_address(tensor.data_ptr()))
 
 
+def gradients_to_unscale(params):
+    """The gradients as ``kernels.unscale_and_check_`` takes them: in parameter order, or
+    grouped by dtype before paddle_amp_scaler 0.1's compiled module (for before/after
+    runs against an earlier revision)."""
+    group = getattr(kernels, "grads_by_dtype", None)
+    return group(params) if group is not None else kernels.grads_of(params)
+
+
 def multiply_in_place(arrays, factor):
     for array in arrays:
         np.multiply(array, factor, out=array)
@@ -546,7 +564,7 @@ def measure_unscale_bandwidth(workload, params, args, rng) -> dict:
         "copy": lambda: copy_all(grads, copies),
         "numpy": lambda: multiply_in_place(arrays, np.float32(1.0)),
         "ours": lambda: kernels.unscale_and_check_(
-            kernels.grads_of(params), unit_scale, nothing_to_check
+            gradients_to_unscale(params), unit_scale, nothing_to_check
         ),
         "native": lambda: _legacy_C_ops.check_finite_and_unscale(
             grads, unit_scale, grads, native_found
@@ -692,7 +710,8 @@ def print_header(info, command, args):
     )
     print(
         f"scale {SCALE:g}; rounds {args.rounds or 'sized to a time budget'}; "
-        f"medians over interleaved rounds; overhead = median - median(none)"
+        f"medians over interleaved rounds; overhead = median over rounds of "
+        f"(time - time of none in the same round)"
     )
 
 
@@ -833,6 +852,8 @@ def main(argv=None) -> int:
         write_json(args.json, results)
     if args.figure:
         figures.draw_overheads(results, args.figure)
+    if args.growth_figure:
+        figures.draw_growth(results, args.growth_figure)
     return 0
 
 

@@ -7,7 +7,10 @@
 The overhead figure has one panel per optimizer and one group of bars per workload:
 each bar is an overhead of ours divided by the overhead of Paddle's own scaler on the
 same steps, so that 1.0 is Paddle's cost whatever the workload's size (its absolute
-cost is written under each workload). Needs matplotlib (the ``examples`` extra).
+cost is written under each workload). The growth figure (``--growth-figure``) draws the
+overheads themselves, ours and Paddle's, against the number of parameters at a fixed
+number of tensors and against the number of tensors at a fixed size. Needs matplotlib
+(the ``examples`` extra).
 """
 
 from __future__ import annotations
@@ -101,12 +104,79 @@ def draw_overheads(results: dict, path: str) -> None:
     plt.close(figure)
 
 
+# (label, implementation in the results, colour) of the growth figure's lines.
+GROWTH_LINES = [("Paddle's own", "native-step", "#9a9a9a"), ("ours", "ours-step", "#1f5fa8")]
+
+
+def draw_growth(results: dict, path: str) -> None:
+    """Overhead (ms) of step + update, ours and Paddle's: against parameters where the
+    tensor count is the same, and against tensors where the size is the same."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    optimizers = list(dict.fromkeys(run["optimizer"] for run in results["runs"]))
+    figure, axes = plt.subplots(len(optimizers), 2, figsize=(11, 3.8 * len(optimizers)))
+    axes = axes.reshape(len(optimizers), 2)
+    for row, optimizer in zip(axes, optimizers):
+        runs = [run for run in results["runs"] if run["optimizer"] == optimizer]
+        fits = results["cost_vs_size"][optimizer]
+        by_params, by_tensors = row
+        for fit in fits["ms_per_mparam"]:
+            group = [run for run in runs if run["tensors"] == fit["tensors"]]
+            group.sort(key=lambda run: run["params"])
+            for label, impl, colour in GROWTH_LINES:
+                slope = fit["native" if impl.startswith("native") else "ours"]
+                by_params.plot(
+                    [run["params"] / 1e6 for run in group],
+                    [run["impls"][impl]["overhead_ms"] for run in group],
+                    marker="o",
+                    color=colour,
+                    label=f"{label}: {slope:.2f} ms per M params",
+                )
+            by_params.set_title(f"{optimizer}, {fit['tensors']} tensors: cost against size")
+        by_params.set_xlabel("parameters (millions)")
+        for fit in fits["ms_per_tensor"]:
+            group = [run for run in runs if run["params"] == fit["params"]]
+            group.sort(key=lambda run: run["tensors"])
+            for label, impl, colour in GROWTH_LINES:
+                by_tensors.plot(
+                    [run["tensors"] for run in group],
+                    [run["impls"][impl]["overhead_ms"] for run in group],
+                    marker="o",
+                    color=colour,
+                    label=label if fit is fits["ms_per_tensor"][0] else None,
+                )
+            by_tensors.annotate(
+                f"{fit['params'] / 1e6:g}M params",
+                (group[-1]["tensors"], group[-1]["impls"]["native-step"]["overhead_ms"]),
+                textcoords="offset points",
+                xytext=(4, 4),
+                fontsize="small",
+            )
+        by_tensors.set_title(f"{optimizer}: cost against the number of tensors, same size")
+        by_tensors.set_xlabel("tensors")
+        for panel in row:
+            panel.set_xscale("log")
+            panel.set_yscale("log")
+            panel.set_ylabel("overhead per step (ms)")
+            panel.grid(alpha=0.3, which="both")
+            panel.legend(fontsize="small")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) != 2:
-        sys.stderr.write("usage: figures.py RESULTS.json FIGURE.png\n")
+    if len(argv) not in (2, 3):
+        sys.stderr.write("usage: figures.py RESULTS.json FIGURE.png [GROWTH.png]\n")
         return 2
     with open(argv[0]) as saved:
-        draw_overheads(json.load(saved), argv[1])
+        results = json.load(saved)
+    draw_overheads(results, argv[1])
+    if len(argv) == 3:
+        draw_growth(results, argv[2])
     return 0
 
 

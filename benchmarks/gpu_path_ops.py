@@ -116,10 +116,7 @@ def build(case: Case):
     groups = DTYPES[: case.dtype_groups]
     paddle.seed(0)
     params_per_optimizer = [
-        [
-            paddle.create_parameter([8], dtype, default_initializer=ONE_HALF)
-            for dtype in groups
-        ]
+        [paddle.create_parameter([8], dtype, default_initializer=ONE_HALF) for dtype in groups]
         for _ in range(case.optimizers)
     ]
     optimizers = [OPTIMIZER_KINDS[case.optimizer](params) for params in params_per_optimizer]

@@ -24,13 +24,23 @@ OPTION_ROWS = [
 ]
 
 
-def run_quick_benchmark(json_path, figure_path):
+def run_quick_benchmark(json_path, figure_path, growth_path):
     env = dict(
         os.environ,
         PYTHONPATH=os.pathsep.join(part for part in [REPO, os.environ.get("PYTHONPATH")] if part),
     )
     return subprocess.run(
-        [sys.executable, SCRIPT, "--quick", "--json", str(json_path), "--figure", str(figure_path)],
+        [
+            sys.executable,
+            SCRIPT,
+            "--quick",
+            "--json",
+            str(json_path),
+            "--figure",
+            str(figure_path),
+            "--growth-figure",
+            str(growth_path),
+        ],
         capture_output=True,
         text=True,
         env=env,
@@ -49,7 +59,8 @@ def is_positive(value):
 
 def test_quick_benchmark_reports_every_figure(tmp_path):
     json_path, figure_path = tmp_path / "results.json", tmp_path / "overhead.png"
-    result = run_quick_benchmark(json_path, figure_path)
+    growth_path = tmp_path / "growth.png"
+    result = run_quick_benchmark(json_path, figure_path, growth_path)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     results = json.loads(json_path.read_text())
 
@@ -65,10 +76,16 @@ def test_quick_benchmark_reports_every_figure(tmp_path):
             assert all(
                 isinstance(reads[origin], int) and reads[origin] >= 0 for origin in ORIGINS
             ), (run["workload"], name, reads)
-        assert all(is_finite(run["ratios"][kind]) for kind in ("step", "minimize")), run
+        for kind, native in (("step", "native-step"), ("minimize", "native-minimize")):
+            # A ratio is left out only where Paddle's overhead is lost in the noise, which
+            # a quick run on a busy machine can see.
+            lost = run["impls"][native]["overhead_ms"] <= 0
+            ratio = run["ratios"][kind]
+            assert (ratio is None) if lost else is_finite(ratio), (run["workload"], kind, run)
         # Every bar the figure draws has its figure in the results.
         assert set(OPTION_ROWS) <= set(run["impls"]), sorted(run["impls"])
-    assert figure_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for figure in (figure_path, growth_path):
+        assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", figure
 
     for bandwidth in results["bandwidth"]:
         for name in PASSES:

@@ -13,9 +13,9 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks"))
 
-import gpu_path_ops  # noqa: E402
+from paddle_amp_scaler import statistics
 
-from paddle_amp_scaler import statistics  # noqa: E402
+import gpu_path_ops
 
 # The stubbed optimizers hold float16 parameters on purpose; they update nothing.
 pytestmark = pytest.mark.filterwarnings("ignore:Accumulating with FP16")
