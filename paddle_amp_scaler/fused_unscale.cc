@@ -7,8 +7,8 @@
 // casting, autograd checks), and right after an optimizer step has pushed that code out of
 // the CPU's caches one call costs over 100 us, more than the pass itself. A function
 // taking paddle::Tensor arguments costs a few microseconds. Everything here runs at once
-// on host memory, like every Paddle CPU kernel, and writes in place where it can, so that
-// a step allocates nothing.
+// on host memory, like every Paddle CPU kernel, and writes in place or into tensors the
+// caller holds: a step allocates only the found-inf flag.
 //
 // Single-threaded on purpose: Paddle sets OMP_NUM_THREADS=1 and runs its own CPU
 // kernels on one thread, and a second OpenMP runtime beside Paddle's bundled one makes
