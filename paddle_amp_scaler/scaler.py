@@ -171,7 +171,9 @@ class AmpScaler:
 
     def minimize(self, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
         """Unscale (unless done), ``optimizer.minimize(*args, **kwargs)`` unless inf/nan
-        was found, then update the scale. Returns what ``optimizer.minimize`` returned."""
+        was found, then update the scale. Returns what ``optimizer.minimize`` returned, or
+        ``(None, None)`` where the scaler skipped the call (on a CPU, or for an optimizer
+        that takes no found-inf flag)."""
         return self._step_and_update(
             optimizer, lambda: optimizer.minimize(*args, **kwargs), skipped=(None, None)
         )
