@@ -42,7 +42,7 @@ _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fused_unscal
 _BUILT = "paddle_amp_scaler.built"
 
 # The compiled module: unscale_and_check(grads, scale) -> (found_inf, found as a bool);
-# unscale_check_and_tally(grads, scale) -> (found_inf, tally);
+# unscale_check_and_tally(grads, scale) -> (found_inf, tally, found as a bool);
 # zero_if_found(grads, found_inf); update_scale(found_inf, scale, incr_count, decr_count,
 # incr_out, decr_out, incr_every_n_steps, decr_every_n_nan_or_inf, incr_ratio,
 # decr_ratio), the scale in place; count_iteration(row, found_inf, incr_count,
@@ -147,9 +147,9 @@ def _verify(ops: FusedOps) -> None:
             paddle.to_tensor([8.0], dtype=dtype),
             paddle.to_tensor([-np.nan, np.inf, 1.0], dtype=dtype),
         ]
-        found, tally = ops.unscale_check_and_tally(grads, scale)
+        found_inf, tally, found = ops.unscale_check_and_tally(grads, scale)
         if (
-            not found.numpy()[0]
+            not (found and found_inf.numpy()[0])
             or tally.numpy().tolist() != [[2, 1], [0, 0], [1, 1]]
             or grads[1].numpy()[0] != 4.0
         ):

@@ -161,8 +161,8 @@ std::tuple<paddle::Tensor, bool> UnscaleAndCheck(const Tensors& xs,
 
 // UnscaleAndCheck, also returning int64 [len(xs), 2]: (infs, nans) of each tensor before
 // it was unscaled, for overflow_report.py.
-std::vector<paddle::Tensor> UnscaleCheckAndTally(const Tensors& xs,
-                                                 const paddle::Tensor& scale) {
+std::tuple<paddle::Tensor, paddle::Tensor, bool> UnscaleCheckAndTally(
+    const Tensors& xs, const paddle::Tensor& scale) {
   RequireFloatsOnCpu(xs, "unscale_check_and_tally");
   const double scale_value = ScaleOf(scale);
   const float inverse_float = 1.0f / static_cast<float>(scale_value);
@@ -180,7 +180,7 @@ std::vector<paddle::Tensor> UnscaleCheckAndTally(const Tensors& xs,
                  : TallyFloat(tensor.data<float>(), tensor.numel(), inverse_float, infs,
                               infs + 1);
   }
-  return {FlagOf(found), tally};
+  return {FlagOf(found), tally, found};
 }
 
 // Zeroes every tensor of `xs` when `found` holds: a plain SGD step then changes nothing.

@@ -13,6 +13,12 @@ Facts kept here:
 * Both keep their names and signatures from Paddle 2.6 to 3.x as ``_C_ops`` functions.
   Paddle 2.6's ``check_finite_and_unscale`` refuses a tensor with no elements, which
   has nothing to check anyway.
+* ``update_loss_scaling`` has no ``_C_ops`` form that writes to other tensors than its
+  inputs; the ``_legacy_C_ops`` form takes its outputs (2.6 to 3.3). Its kernel writes
+  the counters every time but the scale only when it changes it, so an output scale
+  must be the input one.
+* ``_C_ops.scale`` takes its factor as a tensor on the device and keeps a 0-d tensor
+  0-d: one operation, where a multiply by a [1] scale needs a reshape first.
 * On CPU, ``check_finite_and_unscale`` makes three passes per tensor, and each Paddle
   operation costs tens of microseconds of dispatch right after an optimizer step; the
   compiled module (``fused_cpu``), when it can be built, gives the same bits in one pass
@@ -158,24 +164,25 @@ def unscale_and_decide_(
 
 def unscale_check_and_tally_(
     grads: Sequence[Tensor], scale: Tensor, all_finite: Tensor
-) -> tuple[Tensor, Tensor | None]:
-    """``unscale_and_check_`` of ``grads`` (each present and non-empty), also counting
-    each one's inf and nan elements before it is unscaled: returns the verdict and an
-    int64 [len(grads), 2] tensor of (infs, nans), None when there are no grads.
+) -> tuple[Tensor, bool | None, Tensor | None]:
+    """``unscale_and_decide_`` of ``grads`` (each present and non-empty), also counting
+    each one's inf and nan elements before it is unscaled: returns the verdict, its host
+    value where it has one, and an int64 [len(grads), 2] tensor of (infs, nans), None
+    when there are no grads.
 
     The compiled module counts in its one pass; elsewhere each gradient costs five
     Paddle operations more.
     """
-    if not grads:
-        return all_finite, None
     fused = fused_ops_for(scale)
+    if not grads:
+        return all_finite, (False if fused is not None else None), None
     if fused is not None:
-        found, tally = fused.unscale_check_and_tally(list(grads), scale)
-        return found, tally
+        found_inf, tally, found = fused.unscale_check_and_tally(list(grads), scale)
+        return found_inf, found, tally
     tally = paddle.stack(
         [paddle.stack([paddle.isinf(grad).sum(), paddle.isnan(grad).sum()]) for grad in grads]
     )
-    return unscale_and_check_(grads, scale, all_finite), tally
+    return unscale_and_check_(grads, scale, all_finite), None, tally
 
 
 def all_finite(tensors: Iterable[Tensor]) -> Tensor:

@@ -192,16 +192,15 @@ class AmpScaler:
         _refuse_unscale_in(state["state"])
         params = optimizers.parameters_of(optimizer)
         grads = state["grads"] = kernels.grads_of(params)
-        found_on_host = None
         if self._overflows is None:
-            found_inf, found_on_host = kernels.unscale_and_decide_(
+            verdict = kernels.unscale_and_decide_(
                 grads, self._scale, self._temp_found_inf_value_false
             )
         else:
-            found_inf = self._overflows.unscale_and_count_(
+            verdict = self._overflows.unscale_and_count_(
                 params, grads, self._scale, self._temp_found_inf_value_false
             )
-        self._take_verdict(state, found_inf, found_on_host)
+        self._take_verdict(state, *verdict)
         state["state"] = OptimizerState.UNSCALED
 
     # -- internals ----------------------------------------------------------------

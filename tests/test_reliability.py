@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from paddle_amp_scaler import GradScaler
+from paddle_amp_scaler import GradScaler, kernels, statistics
 
 from helpers import GradInjector, batches, make_model, params_of, train_step
 
@@ -203,7 +203,10 @@ def test_overflow_storm_long():
     overflow_storm(30000)
 
 
-def soak(iterations):
+def soak(iterations, kept=0):
+    """``kept``: how many tensors the scaler may hold beyond its own at any moment (off
+    the compiled path, the flags of up to 128 iterations whose statistics wait for a
+    fold)."""
     model = paddle.nn.Linear(2, 1)
     optimizer = paddle.optimizer.SGD(learning_rate=1e-6, parameters=model.parameters())
     scaler = GradScaler(init_loss_scaling=2.0**8, incr_every_n_steps=50)
@@ -219,7 +222,7 @@ def soak(iterations):
         optimizer.clear_grad()
     assert vars(scaler).keys() == attributes.keys()
     assert len(scaler._optimizer_states) == 0
-    assert live_tensors() <= tensors + 5
+    assert live_tensors() <= tensors + kept + 5
     assert resident_bytes() - memory < 16 * 2**20
     # It stayed a working scaler: growth every 50 finite steps, up to float32's limit.
     assert scaler.get_loss_scaling() > 2.0**8
@@ -227,6 +230,11 @@ def soak(iterations):
 
 def test_soak():
     soak(3000)
+
+
+def test_soak_off_the_compiled_path_keeps_its_memory_bounded():
+    with kernels.using_unscale_path(kernels.PADDLE_PATH):
+        soak(3000, kept=statistics._FOLD_EVERY)
 
 
 @pytest.mark.long
