@@ -21,6 +21,7 @@ from .loss_scale_optimizer import LossScaleOptimizer
 from .overflow_report import OverflowEntry
 from .scaler import AmpScaler, GradScaler
 from .statistics import LossScaleStuckError, ScalerStats
+from .validation import UnknownArgumentError
 
 __all__ = [
     "AmpScaler",
@@ -40,5 +41,6 @@ __all__ = [
     "load_checkpoint",
     "read_checkpoint",
     "CheckpointError",
+    "UnknownArgumentError",
 ]
 __version__ = "0.1.0"

@@ -18,11 +18,12 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
 import paddle
 from paddle import Tensor
 from paddle.amp import amp_guard, auto_cast, decorate
 from paddle.base import core
-from paddle.base.framework import _dygraph_tracer
+from paddle.base.framework import _dygraph_tracer, convert_np_dtype_to_dtype_
 
 from . import nested
 
@@ -31,7 +32,9 @@ __all__ = ["amp_guard", "auto_cast", "custom_bwd", "custom_fwd", "decorate"]
 # Where custom_fwd leaves its record on the PyLayer's context for custom_bwd.
 _STATE_ATTR = "_paddle_amp_scaler_autocast"
 _DTYPES_ATTR = "_paddle_amp_scaler_input_dtypes"
+# Floating inputs that cast_inputs casts; float64 ones are kept, as PyTorch keeps them.
 _CASTABLE = (paddle.float16, paddle.bfloat16, paddle.float32)
+_FLOATING = (*_CASTABLE, paddle.float64)
 # What custom_fwd records when it ran with no dygraph tracer (under paddle.jit.to_static).
 _NO_TRACER = object()
 
@@ -107,9 +110,10 @@ def custom_fwd(
     """Decorate a PyLayer's ``forward`` (below ``@staticmethod``), bare or called.
 
     Forward runs under the autocast state of its call, which is recorded for
-    ``custom_bwd``. With ``cast_inputs=dtype``, inside an enabled ``auto_cast``, its
-    floating-point Tensor arguments (float64 excepted, also inside lists, tuples and
-    dicts) are cast to ``dtype`` and forward and backward run with autocast off;
+    ``custom_bwd``. With ``cast_inputs=dtype`` (any floating dtype, or its name), inside
+    an enabled ``auto_cast``, its floating-point Tensor arguments (float64 excepted, as in
+    PyTorch; also inside lists, tuples and dicts) are cast to ``dtype`` and forward and
+    backward run with autocast off;
     outside ``auto_cast`` nothing is cast. ``device_type`` is accepted for code written
     for ``torch.amp``: Paddle has one autocast state for every device.
     """
@@ -185,14 +189,24 @@ def _check_device_type(device_type: Any) -> None:
 
 
 def _floating_dtype(value: Any) -> Any:
-    by_name = {"float16": paddle.float16, "bfloat16": paddle.bfloat16, "float32": paddle.float32}
-    dtype = by_name.get(value, value) if isinstance(value, str) else value
-    if dtype not in _CASTABLE:
-        raise ValueError(
-            f"cast_inputs must be a floating-point dtype (paddle.float16, paddle.bfloat16 "
-            f"or paddle.float32), got {value!r}"
-        )
-    return dtype
+    """``cast_inputs`` as a Paddle dtype: any floating one (float64 too, as in PyTorch),
+    given as a Paddle dtype, a NumPy one or a name Paddle understands; else ValueError."""
+    if isinstance(value, (str, np.dtype, type)):
+        # NumPy has no bfloat16; Paddle's own name for it is the one string to add.
+        if value == "bfloat16":
+            return paddle.bfloat16
+        with contextlib.suppress(TypeError, ValueError):
+            numpy_dtype: np.dtype[Any] = np.dtype(value)
+            if numpy_dtype.kind == "f":
+                return convert_np_dtype_to_dtype_(numpy_dtype)
+    elif not isinstance(value, (bool, int)) and value is not None:
+        for dtype in _FLOATING:
+            if value == dtype:
+                return dtype
+    raise ValueError(
+        "cast_inputs must be a floating-point dtype (paddle.float16, paddle.bfloat16, "
+        f"paddle.float32 or paddle.float64, or its name), got {value!r}"
+    )
 
 
 def _gradient_slots(arguments: list[Any]) -> list[Any]:

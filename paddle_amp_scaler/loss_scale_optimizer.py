@@ -7,6 +7,7 @@ itself is this package's ``GradScaler``: the same rule, kernels and promises.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -24,6 +25,23 @@ _DEFAULT_GROWTH_STEPS = 2000
 # The key under which state_dict() carries the scaler's state beside the optimizer's.
 SCALER_STATE_KEY = "LossScaleOptimizer.scaler"
 _DELEGATED = ("clear_grad", "get_lr", "set_lr", "set_lr_scheduler", "state_dict", "set_state_dict")
+# Set on an inner optimizer once wrapped, as tf-keras marks it: a second wrapper would
+# keep a second scale over the same gradients.
+_WRAPPED_MARK = "_wrapped_by_loss_scale_optimizer"
+# Keras' base-optimizer arguments that its LossScaleOptimizer refuses, with where they
+# belong on Paddle.
+_KERAS_OPTIMIZER_ARGUMENTS = {
+    "weight_decay": "set weight_decay on the inner optimizer",
+    "clipnorm": "set grad_clip=paddle.nn.ClipGradByNorm(...) on the inner optimizer",
+    "global_clipnorm": "set grad_clip=paddle.nn.ClipGradByGlobalNorm(...) on the inner optimizer",
+    "clipvalue": "set grad_clip=paddle.nn.ClipGradByValue(...) on the inner optimizer",
+    "use_ema": "Paddle's optimizers keep no moving average of the weights",
+    "ema_momentum": "Paddle's optimizers keep no moving average of the weights",
+    "ema_overwrite_frequency": "Paddle's optimizers keep no moving average of the weights",
+    "loss_scale_factor": "the loss scale is this wrapper's: initial_scale=... (with "
+    "dynamic=False for a fixed one)",
+    "gradient_accumulation_steps": "accumulate by running several backward() calls before one step",
+}
 
 
 class LossScaleOptimizer:
@@ -48,12 +66,12 @@ class LossScaleOptimizer:
         scaler: AmpScaler | None = None,
         **optimizer_arguments: Any,
     ) -> None:
-        if optimizer_arguments:
-            name = next(iter(optimizer_arguments))
-            raise TypeError(
-                f"LossScaleOptimizer does not take {name!r}; set it on the inner optimizer "
-                f"instead: {type(inner_optimizer).__name__}(..., {name}=...)"
-            )
+        validation.check_keywords(
+            "LossScaleOptimizer",
+            optimizer_arguments,
+            _KEYWORDS,
+            lambda name: _where_it_belongs(name, inner_optimizer),
+        )
         if isinstance(inner_optimizer, LossScaleOptimizer):
             raise TypeError(
                 "LossScaleOptimizer cannot wrap another LossScaleOptimizer; wrap its "
@@ -65,6 +83,13 @@ class LossScaleOptimizer:
                 f"{type(inner_optimizer).__name__}"
             )
         optimizers.parameters_of(inner_optimizer)  # refuses an optimizer with no parameters
+        if getattr(inner_optimizer, _WRAPPED_MARK, False):
+            raise ValueError(
+                f"inner_optimizer (a {type(inner_optimizer).__name__}) is already wrapped by a "
+                "LossScaleOptimizer: an optimizer can be wrapped only once (two wrappers "
+                "would keep two loss scales over the same gradients); keep the first "
+                "wrapper and use it"
+            )
         if not isinstance(dynamic, bool):
             raise TypeError(f"dynamic must be a bool, got {dynamic!r} ({type(dynamic).__name__})")
         if scaler is not None:
@@ -82,6 +107,9 @@ class LossScaleOptimizer:
             scaler = _scaler_for(dynamic, initial_scale, dynamic_growth_steps)
         self._inner = inner_optimizer
         self._scaler = scaler
+        setattr(inner_optimizer, _WRAPPED_MARK, True)
+        # For the warning of apply_gradients, as tf-keras keeps them: ever called.
+        self._loss_scaled = self._gradients_unscaled = self._warned_unscaled = False
 
     # -- what TensorFlow users read ------------------------------------------------------
 
@@ -146,6 +174,7 @@ class LossScaleOptimizer:
 
     def get_scaled_loss(self, loss: Tensor | Callable[[], Tensor]) -> Any:
         """``loss`` times the scale; for a callable, a callable that returns that."""
+        self._loss_scaled = True
         if isinstance(loss, Tensor):
             return self._scaler.scale(loss)
         if callable(loss):
@@ -160,6 +189,7 @@ class LossScaleOptimizer:
             raise TypeError(
                 f"grads must be a list of Tensors (or None), got {type(grads).__name__}"
             )
+        self._gradients_unscaled = True
         if not self._scaler.is_enable():
             return list(grads)
         scale = self._scaler._scale
@@ -174,12 +204,38 @@ class LossScaleOptimizer:
         """
         pairs = [_pair(item) for item in grads_and_vars]
         pairs = [(grad, param) for grad, param in pairs if grad is not None]
+        self._warn_unless_scaled()
         if self._scaler.is_enable():
             self._scaler._check_given_gradients(self._inner, [grad for grad, _ in pairs])
         return self._scaler._step_and_update(
             self._inner,
             lambda: self._inner.apply_gradients([(param, grad) for grad, param in pairs]),
         )
+
+    def _warn_unless_scaled(self) -> None:
+        """Warn once, as tf-keras does, when a hand-written loop applies gradients with
+        no sign of scaling: unscaled gradients are applied ``loss_scale`` times too
+        large, and a loss that was never scaled can underflow."""
+        if self._warned_unscaled or not self._scaler.is_enable():
+            return
+        missed = [
+            call
+            for call, done in (
+                ("get_scaled_loss()", self._loss_scaled),
+                ("get_unscaled_gradients()", self._gradients_unscaled),
+            )
+            if not done
+        ]
+        if missed:
+            self._warned_unscaled = True
+            warnings.warn(
+                f"apply_gradients() was called without {' and '.join(missed)} having been "
+                "called first: scale the loss with get_scaled_loss(loss) before computing "
+                "gradients, and pass them through get_unscaled_gradients(grads) before "
+                "apply_gradients() (minimize() and step() do both themselves)",
+                UserWarning,
+                stacklevel=3,
+            )
 
     # -- explicit delegation -------------------------------------------------------------
 
@@ -231,6 +287,25 @@ class LossScaleOptimizer:
         return f"LossScaleOptimizer({self._inner!r}, scaler={type(self._scaler).__name__})"
 
 
+_KEYWORDS = validation.keyword_names(LossScaleOptimizer.__init__)
+
+
+def _where_it_belongs(name: str, inner_optimizer: Any) -> str | None:
+    """Keras' advice for an argument of the optimizers, none for any other name."""
+    if name in _KERAS_OPTIMIZER_ARGUMENTS:
+        return _KERAS_OPTIMIZER_ARGUMENTS[name]
+    try:
+        optimizer_arguments = validation.keyword_names(type(inner_optimizer).__init__)
+    except (TypeError, ValueError):  # a signature inspect cannot read
+        optimizer_arguments = []
+    if name in optimizer_arguments:
+        return (
+            "set it on the inner optimizer instead: "
+            f"{type(inner_optimizer).__name__}(..., {name}=...)"
+        )
+    return None
+
+
 def _scaler_for(
     dynamic: bool, initial_scale: float | None, dynamic_growth_steps: int | None
 ) -> GradScaler:
@@ -250,7 +325,10 @@ def _scaler_for(
         init_loss_scaling=validation.check_scale(scale, "initial_scale"),
         incr_ratio=2.0,
         decr_ratio=0.5,
-        incr_every_n_steps=validation.check_period(steps, "dynamic_growth_steps"),
+        # tf-keras takes int(dynamic_growth_steps): its own checkpoint test passes 2.0.
+        incr_every_n_steps=validation.check_period(
+            steps, "dynamic_growth_steps", integral_float=True
+        ),
         decr_every_n_nan_or_inf=1,
     )
 

@@ -28,13 +28,35 @@ _CLIPS_THAT_KEEP_ZERO = (
 
 def parameters_of(optimizer: Any) -> list[Any]:
     """The parameters an optimizer updates, across its parameter groups; a wrapper's
-    are those of the optimizer it drives, unless it lists its own."""
+    are those of the optimizer it drives, unless it lists its own.
+
+    ``TypeError`` for an object with no parameter list; ``ValueError`` for an empty one
+    (Paddle's own answers to that range from an IndexError deep in Adam to a step that
+    silently does nothing).
+    """
     owner = _first_wrapped(optimizer, _lists_parameters)
     if owner is None:
         raise TypeError(
             f"optimizer must be a paddle.optimizer.Optimizer built with parameters=..., "
             f"got {type(optimizer).__name__} with no parameter list"
         )
+    params = _listed_parameters(owner)
+    if not params:
+        raise ValueError(
+            f"the {type(optimizer).__name__} optimizer has no parameters to update: build "
+            "it with parameters=model.parameters()"
+        )
+    return params
+
+
+def refuse_without_parameters(optimizer: Any) -> None:
+    """``parameters_of``'s ValueError for an empty parameter list, where an object that
+    lists no parameters at all may pass (a disabled scaler calls it as it is)."""
+    if _first_wrapped(optimizer, _lists_parameters) is not None:
+        parameters_of(optimizer)
+
+
+def _listed_parameters(owner: Any) -> list[Any]:
     groups = getattr(owner, "_param_groups", None)
     if groups and isinstance(groups[0], dict):
         return [param for group in groups for param in group["params"]]

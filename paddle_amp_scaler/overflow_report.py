@@ -102,6 +102,11 @@ class OverflowRecorder:
         more = f" and {len(entries) - _LOGGED} more" if len(entries) > _LOGGED else ""
         logger.warning("iteration %d skipped: inf/nan in %s%s", iteration, named, more)
 
+    def __getstate__(self) -> dict[str, Any]:
+        # Between iterations nothing is pending; the parameters kept for naming stay out
+        # of a pickle (a copy of the weights), so an unpickled report names by param.name.
+        return {**self.__dict__, "_pending": [], "_params": {}}
+
     def report(self, model: Any = None) -> list[OverflowEntry]:
         """The gradients of the last iteration that found inf/nan, most elements first;
         named as in ``model.named_parameters()`` when ``model`` is given."""
@@ -109,7 +114,7 @@ class OverflowRecorder:
             return list(self._last)
         names = {id(param): name for name, param in model.named_parameters()}
         return [
-            dataclasses.replace(entry, name=names.get(id(self._params[entry.name]), entry.name))
+            dataclasses.replace(entry, name=names.get(id(self._params.get(entry.name)), entry.name))
             for entry in self._last
         ]
 

@@ -15,6 +15,7 @@ from paddle.amp.grad_scaler import OptimizerState
 
 from . import distributed, kernels, optimizers, validation
 from .overflow_report import OverflowEntry, OverflowRecorder
+from .pickling import TensorsOnHost
 from .state import ScalerState, parse_state_dict
 from .statistics import OnStuck, RunCounters, ScalerStats, StuckPolicy
 
@@ -27,6 +28,9 @@ class _OptimizerRecord(TypedDict):
     state: Any  # an OptimizerState
     found_inf: Any  # a bool tensor [1], or a host bool/int written by a wrapper
     grads: list[Tensor | None] | None  # in the optimizer's parameter order
+    # Whether any gradient was there to check: an optimizer stepped with none (no
+    # backward() since its gradients were cleared) tells the update rule nothing.
+    checked: bool
     # (flag, its value) where the unscale knew its verdict on the host with no read.
     host_verdict: tuple[Tensor, bool] | None
 
@@ -34,7 +38,13 @@ class _OptimizerRecord(TypedDict):
 def _fresh_optimizer_state() -> _OptimizerRecord:
     # A module-level factory, like Paddle's and PyTorch's, so that a scaler holding a
     # defaultdict of these can be pickled and deep-copied.
-    return {"state": OptimizerState.INIT, "found_inf": None, "grads": None, "host_verdict": None}
+    return {
+        "state": OptimizerState.INIT,
+        "found_inf": None,
+        "grads": None,
+        "checked": True,  # what a replaced _unscale, which does not say, is taken to have done
+        "host_verdict": None,
+    }
 
 
 def _read_number(tensor: Tensor) -> float:
@@ -43,7 +53,7 @@ def _read_number(tensor: Tensor) -> float:
     return float(tensor.numpy().reshape(-1)[0])
 
 
-class AmpScaler:
+class AmpScaler(TensorsOnHost):
     """Dynamic loss scaling for Paddle dygraph, with the API of Paddle's ``AmpScaler``.
 
     Once per iteration, with ``found`` = any inf/nan among the unscaled gradients::
@@ -80,6 +90,7 @@ class AmpScaler:
     device, so that all ranks skip alike; ``sync_found_inf=False`` turns that off).
     """
 
+    @validation.keywords_checked
     def __init__(
         self,
         enable: bool = True,
@@ -108,9 +119,12 @@ class AmpScaler:
         )
         self._incr_ratio = validation.check_incr_ratio(incr_ratio)
         self._decr_ratio = validation.check_decr_ratio(decr_ratio)
-        self._incr_every_n_steps = validation.check_period(incr_every_n_steps, "incr_every_n_steps")
+        # Paddle's scaler takes the periods unchecked, so code may give 1000.0.
+        self._incr_every_n_steps = validation.check_period(
+            incr_every_n_steps, "incr_every_n_steps", integral_float=True
+        )
         self._decr_every_n_nan_or_inf = validation.check_period(
-            decr_every_n_nan_or_inf, "decr_every_n_nan_or_inf"
+            decr_every_n_nan_or_inf, "decr_every_n_nan_or_inf", integral_float=True
         )
         self._use_dynamic_loss_scaling = validation.check_bool(
             use_dynamic_loss_scaling, "use_dynamic_loss_scaling"
@@ -164,6 +178,7 @@ class AmpScaler:
         lets you clip or inspect true gradient values.
         """
         if not self._enable:
+            optimizers.refuse_without_parameters(optimizer)
             return
         state = self._optimizer_states[id(optimizer)]
         _refuse_unscale_in(state["state"])
@@ -192,6 +207,7 @@ class AmpScaler:
         _refuse_unscale_in(state["state"])
         params = optimizers.parameters_of(optimizer)
         grads = state["grads"] = kernels.grads_of(params)
+        state["checked"] = any(grad is not None for grad in grads)
         if self._overflows is None:
             verdict = kernels.unscale_and_decide_(
                 grads, self._scale, self._temp_found_inf_value_false
@@ -238,9 +254,12 @@ class AmpScaler:
         The one step of every public face: ``step``, ``minimize``, the dialects.
         """
         if not self._enable:
+            optimizers.refuse_without_parameters(optimizer)
             return run_step()
         state = self._optimizer_states[id(optimizer)]
         self._prepare_step(optimizer, state)
+        if not state["checked"]:
+            self._nothing_checked(optimizer)
         result = self._step_or_skip(optimizer, state, run_step)
         state["state"] = OptimizerState.STEPPED
         return skipped if result is _SKIPPED_ON_HOST else result
@@ -260,6 +279,7 @@ class AmpScaler:
         state = self._optimizer_states[id(optimizer)]
         _refuse_unscale_in(state["state"])
         state["grads"] = list(grads)
+        state["checked"] = bool(state["grads"])
         # Multiplying by exactly 1 leaves every value as it is: the kernel only checks.
         self._take_verdict(
             state,
@@ -269,6 +289,19 @@ class AmpScaler:
         )
         state["found_inf"] = self._found_inf
         state["state"] = OptimizerState.UNSCALED
+
+    def _nothing_checked(self, optimizer: Any) -> None:
+        """None of ``optimizer``'s parameters has a gradient this iteration. Paddle's
+        scalers step it all the same, and so does this one; the iteration is counted
+        and moves the scale only if another optimizer checked gradients in it."""
+        warnings.warn(
+            f"step(): no parameter of this {type(optimizer).__name__} has a gradient (no "
+            "backward() since its gradients were cleared?), so nothing was checked; it is "
+            "stepped, as Paddle's scaler steps it, but the iteration neither counts in "
+            "stats() nor moves the scale. Call scaler.scale(loss).backward() first",
+            UserWarning,
+            stacklevel=4,
+        )
 
     def _take_verdict(
         self, state: _OptimizerRecord, found_inf: Tensor, found_on_host: bool | None
@@ -335,11 +368,16 @@ class AmpScaler:
     def _finish_iteration(self, update_scale: bool = True) -> None:
         """End the iteration: update the scale from every optimizer stepped since the last
         update (any inf/nan counts), count it, reset, then apply the stuck policy."""
-        verdicts = [
-            self._as_flag(state["found_inf"])
+        stepped = [
+            state
             for state in self._optimizer_states.values()
             if state["state"] is OptimizerState.STEPPED
         ]
+        if not any(state["checked"] for state in stepped):
+            # Nothing was observed: no evidence for the rule, no iteration to count.
+            self._start_new_iteration()
+            return
+        verdicts = [self._as_flag(state["found_inf"]) for state in stepped]
         found_inf = kernels.any_of(verdicts)
         dynamic = update_scale and self._use_dynamic_loss_scaling
         if dynamic:
@@ -350,6 +388,12 @@ class AmpScaler:
             self._overflows.end_iteration(self._run.iterations, found_inf)
         # Last, so that a LossScaleStuckError leaves a consistent, resumable scaler.
         self._stuck_policy.after_iteration(self._run, self.stats)
+
+    def _any_stepped(self) -> bool:
+        """Whether an optimizer was stepped since the last update."""
+        return any(
+            state["state"] is OptimizerState.STEPPED for state in self._optimizer_states.values()
+        )
 
     def _start_new_iteration(self) -> None:
         self._optimizer_states = defaultdict(_fresh_optimizer_state)
@@ -386,6 +430,22 @@ class AmpScaler:
         if isinstance(found_inf, Tensor):
             return found_inf
         return paddle.to_tensor([bool(found_inf)], place=self._scale.place)
+
+    # -- pickling ---------------------------------------------------------------------
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickle (or deep-copy) between iterations only, as PyTorch's scaler does: mid-way,
+        the per-optimizer records point at gradients and optimizers of this process."""
+        if any(
+            state["state"] is not OptimizerState.INIT for state in self._optimizer_states.values()
+        ):
+            raise RuntimeError(
+                "a scaler may only be pickled (or deep-copied) at the beginning of an "
+                "iteration, or at the end after scaler.update(); it was pickled after "
+                "unscale_() or step(): call scaler.update() first"
+            )
+        self._run.fold()
+        return super().__getstate__()
 
     # -- getters and setters ------------------------------------------------------
 
@@ -475,7 +535,9 @@ class AmpScaler:
 
     def set_incr_every_n_steps(self, new_incr_every_n_steps: int) -> None:
         """Set the growth period; a streak already that long grows at the next finite step."""
-        period = validation.check_period(new_incr_every_n_steps, "new_incr_every_n_steps")
+        period = validation.check_period(
+            new_incr_every_n_steps, "new_incr_every_n_steps", integral_float=True
+        )
         self._incr_every_n_steps = period
         self._run.fold()
         _clamp_below_(self._incr_count, period)
@@ -485,7 +547,9 @@ class AmpScaler:
 
     def set_decr_every_n_nan_or_inf(self, new_decr_every_n_nan_or_inf: int) -> None:
         """Set the back-off period; a streak already that long backs off at the next inf/nan."""
-        period = validation.check_period(new_decr_every_n_nan_or_inf, "new_decr_every_n_nan_or_inf")
+        period = validation.check_period(
+            new_decr_every_n_nan_or_inf, "new_decr_every_n_nan_or_inf", integral_float=True
+        )
         self._decr_every_n_nan_or_inf = period
         self._run.fold()
         _clamp_below_(self._decr_count, period)
@@ -580,6 +644,7 @@ class GradScaler(AmpScaler):
         optimizer.clear_grad()
     """
 
+    @validation.keywords_checked
     def __init__(
         self,
         enable: bool = True,
@@ -626,9 +691,7 @@ class GradScaler(AmpScaler):
         found inf/nan. Call it after the last ``step()`` of every iteration."""
         if not self._enable:
             return
-        if not any(
-            state["state"] is OptimizerState.STEPPED for state in self._optimizer_states.values()
-        ):
+        if not self._any_stepped():
             raise RuntimeError(
                 "update() was called with no step() since the last update(); call "
                 "scaler.step(optimizer) for each optimizer first, then update() once"

@@ -21,6 +21,7 @@ import paddle
 from paddle import Tensor
 
 from . import distributed, kernels
+from .pickling import TensorsOnHost
 
 logger = logging.getLogger("paddle_amp_scaler")
 # Untyped for the checker: see kernels.py.
@@ -145,7 +146,7 @@ _FOLD_EVERY = 128
 RuleSlots = tuple[Tensor, Tensor]
 
 
-class RunCounters:
+class RunCounters(TensorsOnHost):
     """The counters behind ``ScalerStats``: a float64 row ``[*counters, 1]`` on the
     device (exact up to 2**53), and the number of iterations on the host.
 

@@ -6,9 +6,13 @@ Each returns the value normalised to a plain Python type, or raises ``TypeError`
 
 from __future__ import annotations
 
+import difflib
+import functools
+import inspect
 import math
 import numbers
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TypeVar, cast
 
 import numpy as np
 
@@ -24,9 +28,15 @@ def _real(value: Any, name: str) -> float:
     return float(value)
 
 
-def _integer(value: Any, name: str) -> int:
+def _integer(value: Any, name: str, integral_float: bool = False) -> int:
+    if integral_float and isinstance(value, (float, np.floating)):
+        # As the framework being imitated takes it: int(2.0); a NaN is no whole number.
+        if not value.is_integer():
+            raise ValueError(f"{name} must be a whole number, got {value!r}")
+        return int(value)
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
+        wanted = "an int (or a whole float such as 2.0)" if integral_float else "an int"
+        raise TypeError(f"{name} must be {wanted}, got {value!r} ({type(value).__name__})")
     return int(value)
 
 
@@ -58,9 +68,11 @@ def check_decr_ratio(value: Any, name: str = "decr_ratio") -> float:
     return ratio
 
 
-def check_period(value: Any, name: str) -> int:
-    """A number of steps between scale changes: an int from 1 to 2**31 - 1."""
-    period = _integer(value, name)
+def check_period(value: Any, name: str, *, integral_float: bool = False) -> int:
+    """A number of steps between scale changes: an int from 1 to 2**31 - 1; with
+    ``integral_float``, a whole float such as 2.0 too (Paddle's and tf-keras' scalers
+    take one), returned as an int."""
+    period = _integer(value, name, integral_float)
     if not 1 <= period <= _INT32_MAX:
         raise ValueError(f"{name} must be an int >= 1 (and < 2**31), got {value!r}")
     return period
@@ -110,3 +122,66 @@ def check_within(value: float, name: str, bounds: tuple[float, float | None]) ->
             f"max_loss_scaling ({upper!r})"
         )
     return value
+
+
+class UnknownArgumentError(ValueError, TypeError):
+    """A constructor was given keyword arguments it does not take.
+
+    Both a ``ValueError`` (what Keras 3 raises) and a ``TypeError`` (what Python,
+    tf-keras and PyTorch raise), so that code written for any of them catches it. The
+    message names every unknown argument at once, each with its likely fix.
+    """
+
+
+def check_keywords(
+    owner: str,
+    given: Iterable[str],
+    known: Sequence[str],
+    advice: Callable[[str], str | None] = lambda name: None,
+) -> None:
+    """Raise ``UnknownArgumentError`` for the names in ``given`` that are not ``known``:
+    ``advice(name)`` where it has some, else "did you mean" the closest known name."""
+    unknown = [name for name in given if name not in known]
+    if not unknown:
+        return
+
+    def fix(name: str) -> str:
+        advised = advice(name)
+        if advised is not None:
+            return advised
+        close = difflib.get_close_matches(name, known, n=1)
+        return f"did you mean {close[0]!r}?" if close else f"it takes {', '.join(known)}"
+
+    raise UnknownArgumentError(
+        f"{owner} does not take " + "; ".join(f"{name!r} ({fix(name)})" for name in unknown)
+    )
+
+
+def keyword_names(function: Callable[..., Any], keyword_only: bool = False) -> list[str]:
+    """The arguments of ``function`` that can be given by keyword (``self`` left out),
+    or only those that must be."""
+    kinds = (inspect.Parameter.KEYWORD_ONLY,) + (
+        () if keyword_only else (inspect.Parameter.POSITIONAL_OR_KEYWORD,)
+    )
+    return [
+        name
+        for name, parameter in inspect.signature(function).parameters.items()
+        if parameter.kind in kinds and name != "self"
+    ]
+
+
+_Init = TypeVar("_Init", bound=Callable[..., None])
+
+
+def keywords_checked(init: _Init) -> _Init:
+    """Decorate an ``__init__`` so that an unknown keyword raises
+    ``UnknownArgumentError`` with "did you mean", where Python's own ``TypeError`` names
+    only the first one and suggests nothing."""
+    known = keyword_names(init)
+
+    @functools.wraps(init)
+    def init_with_known_keywords(self: Any, *args: Any, **kwargs: Any) -> None:
+        check_keywords(type(self).__name__, kwargs, known)
+        init(self, *args, **kwargs)
+
+    return cast(_Init, init_with_known_keywords)

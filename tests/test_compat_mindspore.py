@@ -480,6 +480,76 @@ def test_scale_value_and_counter_are_0d_copies():
     assert float(loss_scaler.scale_value) == 2**9
 
 
+def finite_grads_flag():
+    """all_finite of real, finite gradients, as MindSpore's own test computes it."""
+    model = make_model()
+    grads = paddle.grad(loss_of(model, batches(steps=1)[0]), list(model.parameters()))
+    return all_finite(grads)
+
+
+@pytest.mark.parametrize(
+    "counter",
+    [49, np.int32(49), paddle.to_tensor(49, dtype="int32"), paddle.to_tensor([49])],
+    ids=["int", "numpy", "tensor", "tensor[1]"],
+)
+def test_assigned_counter_and_scale_value_take_effect_as_in_mindspores_test(counter):
+    # MindSpore's test_dynamic_loss_scaler: the counter set one short of the window, the
+    # next finite adjust doubles the scale; the scale set back, the next one keeps it.
+    loss_scaler = DynamicLossScaler(scale_value=2**10, scale_factor=2, scale_window=50)
+    finite = finite_grads_flag()
+    loss_scaler.counter = counter
+    assert int(loss_scaler.counter) == 49
+    loss_scaler.adjust(finite)
+    assert (float(loss_scaler.scale_value), int(loss_scaler.counter)) == (2048.0, 0)
+    loss_scaler.scale_value = paddle.to_tensor(2**10, dtype="float32")
+    loss_scaler.adjust(finite)
+    assert (float(loss_scaler.scale_value), int(loss_scaler.counter)) == (1024.0, 1)
+
+
+@pytest.mark.parametrize("make_scaler", [StaticLossScaler, DynamicLossScaler])
+@pytest.mark.parametrize(
+    "value",
+    [64, 64.0, np.float32(64), paddle.to_tensor(64.0), paddle.to_tensor([64])],
+    ids=["int", "float", "numpy", "tensor", "int tensor[1]"],
+)
+def test_an_assigned_scale_value_scales_and_unscales_from_then_on(make_scaler, value):
+    loss_scaler = (
+        make_scaler(2**10) if make_scaler is StaticLossScaler else make_scaler(2**10, 2, 5)
+    )
+    loss_scaler.scale_value = value
+    assert loss_scaler.scale(paddle.to_tensor([3.0])).numpy().tolist() == [192.0]
+    assert loss_scaler.unscale(paddle.to_tensor([192.0])).numpy().tolist() == [3.0]
+    assert float(loss_scaler.scale_value) == 64.0
+
+
+BAD_ASSIGNMENTS = {
+    "negative counter": ("counter", -1, ValueError),
+    "counter at the window": ("counter", 5, ValueError),
+    "counter past the window": ("counter", np.int64(7), ValueError),
+    "counter as a float": ("counter", 2.5, TypeError),
+    "counter as a two-element tensor": ("counter", paddle.to_tensor([1, 2]), ValueError),
+    "scale inf": ("scale_value", math.inf, ValueError),
+    "scale nan tensor": ("scale_value", paddle.to_tensor(math.nan), ValueError),
+    "scale zero": ("scale_value", 0.0, ValueError),
+    "scale negative": ("scale_value", np.float32(-8), ValueError),
+    "scale below one": ("scale_value", 0.5, ValueError),
+    "scale as a string": ("scale_value", "8", TypeError),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_ASSIGNMENTS))
+def test_a_bad_assignment_names_the_state_and_changes_nothing(name):
+    attribute, value, error = BAD_ASSIGNMENTS[name]
+    loss_scaler = DynamicLossScaler(scale_value=8, scale_factor=2, scale_window=5)
+    loss_scaler.adjust(True)
+    with pytest.raises(error, match=attribute):
+        setattr(loss_scaler, attribute, value)
+    assert (float(loss_scaler.scale_value), int(loss_scaler.counter)) == (8.0, 1)
+    for _ in range(4):
+        loss_scaler.adjust(True)
+    assert (float(loss_scaler.scale_value), int(loss_scaler.counter)) == (16.0, 0)
+
+
 # -- mindspore.amp: the documented functional loop ---------------------------------------
 
 
@@ -665,6 +735,7 @@ BAD_ARGUMENTS = {
         ValueError,
         "init_loss_scale",
     ),
+    # MindSpore's check_positive_int refuses a float window too (unlike tf-keras' int()).
     "dynamic scale_window float": (
         lambda: DynamicLossScaleManager(scale_window=2.0),
         TypeError,

@@ -365,21 +365,6 @@ def test_cast_inputs_inside_autocast_casts_and_runs_both_passes_without_autocast
     assert d64.grad is None and i64.grad is None
 
 
-def test_cast_inputs_float32_lifts_float16_inputs_and_gives_float16_gradients(amp_on_cpu):
-    # PyTorch's usual use: a layer that must run in float32 inside float16 autocast.
-    Multiply, seen = record_and_multiply(custom_fwd(cast_inputs=paddle.float32))
-    x, y = tensor(X, "float16"), tensor(Y, "float16")
-    with paddle.amp.auto_cast(level="O2", dtype="float16"):
-        out = Multiply.apply(x, y)
-    backward_of(out)
-    assert seen["forward dtypes"] == ("float32", "float32")
-    assert seen["forward"]["level"] == seen["backward"]["level"] == O0
-    assert dtype_of(out) == "float32"
-    assert dtype_of(x.grad) == dtype_of(y.grad) == "float16"
-    np.testing.assert_allclose(numpy32(x.grad), np.multiply(W, Y), rtol=1e-3)
-    np.testing.assert_allclose(numpy32(y.grad), np.multiply(W, X), rtol=1e-3)
-
-
 def test_cast_inputs_float16_with_a_sum_body(amp_on_cpu):
     # float16 has a CPU sum kernel (and its backward goes through scale), no multiply.
     seen = {}
@@ -434,6 +419,35 @@ def test_cast_inputs_gives_keyword_tensors_their_gradients_in_their_dtypes(amp_o
     backward_of(out)
     assert seen["dtypes"] == ("bfloat16", "bfloat16", "bfloat16")
     assert_product_gradients(x, y, z)
+
+
+@pytest.mark.parametrize(
+    ("cast_inputs", "cast_to", "y_dtype"),
+    [
+        # PyTorch's usual use: a layer that must run in float32 inside float16 autocast.
+        (paddle.float32, "float32", "float16"),
+        # Any floating dtype, as in PyTorch: a layer that must run in double precision.
+        (paddle.float64, "float64", "float32"),
+        ("float64", "float64", "float32"),
+        ("double", "float64", "float32"),
+        (np.float64, "float64", "float32"),
+    ],
+    ids=["float32", "float64", "'float64'", "'double'", "np.float64"],
+)
+def test_cast_inputs_lifts_inputs_and_gives_gradients_in_their_dtypes(
+    amp_on_cpu, cast_inputs, cast_to, y_dtype
+):
+    Multiply, seen = record_and_multiply(custom_fwd(cast_inputs=cast_inputs))
+    x, y = tensor(X, "float16"), tensor(Y, y_dtype)
+    with paddle.amp.auto_cast(level="O2", dtype="float16"):
+        out = Multiply.apply(x, y)
+    backward_of(out)
+    assert seen["forward dtypes"] == (cast_to, cast_to)
+    assert seen["forward"]["level"] == seen["backward"]["level"] == O0
+    assert dtype_of(out) == cast_to
+    assert (dtype_of(x.grad), dtype_of(y.grad)) == ("float16", y_dtype)
+    np.testing.assert_allclose(numpy32(x.grad), np.multiply(W, Y), rtol=1e-3)
+    np.testing.assert_allclose(numpy32(y.grad), np.multiply(W, X), rtol=1e-3)
 
 
 def test_cast_inputs_gives_a_float64_input_a_float64_gradient(amp_on_cpu):
@@ -644,10 +658,10 @@ def test_custom_bwd_without_custom_fwd_says_to_add_custom_fwd(amp_on_cpu):
 
 @pytest.mark.parametrize(
     "cast_inputs",
-    [paddle.int32, paddle.int64, paddle.float64, "int8", "float64", "fp16", 3, True, paddle.bool],
+    [paddle.int32, paddle.int64, "int8", "uint16", "fp16", "complex64", 3, True, paddle.bool],
     ids=str,
 )
-def test_cast_inputs_must_be_float16_bfloat16_or_float32(cast_inputs):
+def test_cast_inputs_must_be_a_floating_dtype(cast_inputs):
     with pytest.raises(ValueError, match="cast_inputs"):
         custom_fwd(cast_inputs=cast_inputs)
 

@@ -7,7 +7,9 @@ skip an injected overflow exactly; the scale follows TensorFlow's rule as its so
 states it; state dicts carry the scaler; what the wrapper would ignore is refused.
 """
 
+import gc
 import math
+import warnings
 
 import numpy as np
 import paddle
@@ -18,6 +20,7 @@ from hypothesis import strategies as st
 from paddle_amp_scaler import (
     GradScaler,
     LossScaleOptimizer,
+    UnknownArgumentError,
     kernels,
     load_checkpoint,
     save_checkpoint,
@@ -381,12 +384,136 @@ def test_anything_else_names_the_inner_optimizer():
         ({"dynamic_growth_steps": 0}, ValueError, "dynamic_growth_steps"),
         ({"scaler": GradScaler(), "initial_scale": 8.0}, ValueError, "either scaler="),
         ({"scaler": "big"}, TypeError, "scaler must be"),
-        ({"learning_rate": 0.1}, TypeError, "does not take 'learning_rate'.*SGD\\(\\.\\.\\."),
+        ({"learning_rate": 0.1}, TypeError, "'learning_rate' \\(set it on the inner.*SGD\\(\\.\\."),
+        ({"dynamic_growth_steps": 2.5}, ValueError, "dynamic_growth_steps must be a whole"),
+        ({"dynamic_growth_steps": math.nan}, ValueError, "dynamic_growth_steps"),
+        ({"dynamic_growth_steps": -2.0}, ValueError, "dynamic_growth_steps"),
+        ({"dynamic_growth_steps": True}, TypeError, "dynamic_growth_steps"),
+        ({"dynamic_growth_steps": "2"}, TypeError, "dynamic_growth_steps"),
     ],
 )
 def test_bad_arguments(kwargs, error, match):
     with pytest.raises(error, match=match):
         LossScaleOptimizer(sgd(make_model()), **kwargs)
+
+
+def test_unknown_arguments_are_one_error_naming_each_with_its_fix():
+    # Keras 3's own test: unknown names give a ValueError naming all of them; tf-keras and
+    # Python give a TypeError. One error that both catch.
+    for catch in (ValueError, TypeError, UnknownArgumentError):
+        with pytest.raises(catch) as raised:
+            LossScaleOptimizer(
+                sgd(make_model()), foo=True, bar=3, dynamic_growth_step=100, learning_rate=0.1
+            )
+        message = str(raised.value)
+        assert "'foo' (it takes inner_optimizer, dynamic" in message and "'bar' (" in message
+        assert "'dynamic_growth_step' (did you mean 'dynamic_growth_steps'?)" in message
+        assert "'learning_rate' (set it on the inner optimizer instead: SGD(" in message
+
+
+KERAS_OPTIMIZER_ARGUMENTS = [
+    "weight_decay",
+    "clipnorm",
+    "global_clipnorm",
+    "clipvalue",
+    "use_ema",
+    "ema_momentum",
+    "ema_overwrite_frequency",
+    "loss_scale_factor",
+    "gradient_accumulation_steps",
+]
+
+
+@pytest.mark.parametrize("name", KERAS_OPTIMIZER_ARGUMENTS)
+def test_keras_base_optimizer_arguments_are_refused_with_where_they_belong(name):
+    # Keras 3's test_init_base_optimizer_unsupported_args, for each of its arguments.
+    inner = sgd(make_model())
+    with pytest.raises(ValueError, match=f"'{name}' \\((set|Paddle|the loss scale|accumulate)"):
+        LossScaleOptimizer(inner, **{name: 1})
+    LossScaleOptimizer(inner)  # a refused wrapper did not mark the optimizer as wrapped
+
+
+@pytest.mark.parametrize("steps", [2.0, np.float64(2.0)], ids=["float", "numpy"])
+def test_a_whole_float_growth_period_is_taken_as_tf_keras_takes_it(steps):
+    # tf-keras' testCheckpoint builds both wrappers with dynamic_growth_steps=2.0.
+    data = batches(steps=6)
+    model = make_model()
+    optimizer = LossScaleOptimizer(sgd(model), initial_scale=1.0, dynamic_growth_steps=steps)
+    assert optimizer.dynamic_growth_steps == 2 and type(optimizer.dynamic_growth_steps) is int
+    assert optimizer.state_dict()["LossScaleOptimizer.scaler"]["incr_every_n_steps"] == 2
+    train_by_minimize(optimizer, model, data[:3])
+    resumed = LossScaleOptimizer(sgd(model), initial_scale=1.0, dynamic_growth_steps=steps)
+    resumed.set_state_dict(optimizer.state_dict())
+    train_by_minimize(resumed, model, data[3:])
+    rule = TFRule(1.0, 2)
+    for _ in data:
+        rule.update(True)
+    assert float(resumed.loss_scale) == float(rule.scale) == 8.0
+
+
+def hand_written_step(optimizer, model, scale_loss, unscale_grads):
+    """One step of TensorFlow's custom loop, with either call left out."""
+    params = list(model.parameters())
+    loss = loss_of(model, batches(steps=1)[0])
+    grads = paddle.grad(optimizer.get_scaled_loss(loss) if scale_loss else loss, params)
+    if unscale_grads:
+        grads = optimizer.get_unscaled_gradients(grads)
+    optimizer.apply_gradients(zip(grads, params))
+
+
+@pytest.mark.parametrize(
+    ("scale_loss", "unscale_grads", "missed"),
+    [
+        (False, False, "without get_scaled_loss\\(\\) and get_unscaled_gradients\\(\\) having"),
+        (False, True, "without get_scaled_loss\\(\\) having"),
+        (True, False, "without get_unscaled_gradients\\(\\) having"),
+    ],
+)
+@pytest.mark.parametrize("dynamic", [True, False])
+def test_apply_gradients_warns_once_naming_the_forgotten_calls(
+    dynamic, scale_loss, unscale_grads, missed
+):
+    # tf-keras' testScalingWarning: unscaled gradients are applied loss_scale times
+    # too large, a loss never scaled may underflow. Once per wrapper.
+    model = make_model()
+    optimizer = LossScaleOptimizer(
+        sgd(model), dynamic=dynamic, initial_scale=2.0**12 if not dynamic else None
+    )
+    with pytest.warns(UserWarning, match=f"apply_gradients\\(\\) was called {missed}"):
+        hand_written_step(optimizer, model, scale_loss, unscale_grads)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        hand_written_step(optimizer, model, scale_loss, unscale_grads)
+
+
+@pytest.mark.parametrize("loop", ["both calls", "minimize", "step", "disabled"])
+def test_no_scaling_warning_where_the_loss_was_scaled_and_the_gradients_unscaled(loop):
+    model = make_model()
+    scaler = GradScaler(enable=False) if loop == "disabled" else None
+    optimizer = LossScaleOptimizer(sgd(model), scaler=scaler)
+    loss = loss_of(model, batches(steps=1)[0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        if loop == "minimize":
+            optimizer.minimize(loss)
+        elif loop == "step":
+            optimizer.get_scaled_loss(loss).backward()
+            optimizer.step()
+        else:
+            hand_written_step(optimizer, model, loop == "both calls", loop == "both calls")
+
+
+def test_an_optimizer_is_wrapped_once_whether_or_not_the_first_wrapper_lives():
+    inner = sgd(make_model())
+    first = LossScaleOptimizer(inner)
+    with pytest.raises(ValueError, match="already wrapped by a LossScaleOptimizer.*keep the first"):
+        LossScaleOptimizer(inner)
+    del first
+    gc.collect()
+    with pytest.raises(ValueError, match="already wrapped"):
+        LossScaleOptimizer(inner, dynamic=False, initial_scale=8.0)
+    with pytest.raises(TypeError, match="cannot wrap another LossScaleOptimizer"):
+        LossScaleOptimizer(LossScaleOptimizer(sgd(make_model())))
 
 
 def test_bad_inner_optimizers():

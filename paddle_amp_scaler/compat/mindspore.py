@@ -46,6 +46,7 @@ MAX_CONSECUTIVE_OVERFLOWS = 1000
 class FixedLossScaleManager:
     """``mindspore.FixedLossScaleManager``: one scale for the whole run."""
 
+    @validation.keywords_checked
     def __init__(self, loss_scale: float = 128.0, drop_overflow_update: bool = True) -> None:
         self._loss_scale = _at_least_one(loss_scale, "loss_scale")
         self._drop_overflow_update = validation.check_bool(
@@ -77,6 +78,7 @@ class DynamicLossScaleManager:
     itself; ``get_update_cell()`` gives a ``GradScaler`` that applies it in the step.
     """
 
+    @validation.keywords_checked
     def __init__(
         self, init_loss_scale: float = 2.0**24, scale_factor: float = 2, scale_window: int = 2000
     ) -> None:
@@ -134,8 +136,15 @@ class _LossScaler:
 
     @property
     def scale_value(self) -> Tensor:
-        """The current scale, a float32 0-d Tensor (a copy; no read)."""
+        """The current scale, a float32 0-d Tensor (a copy; no read). Assignable, as
+        MindSpore's Parameter is: a number or a one-element Tensor, at least 1."""
         return self._scaler._scale.reshape([]).clone()
+
+    @scale_value.setter
+    def scale_value(self, value: Any) -> None:
+        self._scaler.set_init_loss_scaling(
+            _at_least_one(_host_value(value, "scale_value"), "scale_value")
+        )
 
     def scale(self, inputs: Any) -> Any:
         """``inputs`` times the scale: a Tensor or (nested) lists/tuples of them."""
@@ -172,6 +181,7 @@ class _LossScaler:
 class StaticLossScaler(_LossScaler):
     """``mindspore.amp.StaticLossScaler``: scale and unscale by a fixed value."""
 
+    @validation.keywords_checked
     def __init__(self, scale_value: float) -> None:
         super().__init__(
             GradScaler(
@@ -189,6 +199,7 @@ class StaticLossScaler(_LossScaler):
 class DynamicLossScaler(_LossScaler):
     """``mindspore.amp.DynamicLossScaler``: the scale adapts, on the device."""
 
+    @validation.keywords_checked
     def __init__(self, scale_value: float, scale_factor: int, scale_window: int) -> None:
         scale_window = validation.check_period(scale_window, "scale_window")
         scale_factor = validation.check_period(scale_factor, "scale_factor")
@@ -207,8 +218,18 @@ class DynamicLossScaler(_LossScaler):
 
     @property
     def counter(self) -> Tensor:
-        """Finite steps since the scale last changed, an int32 0-d Tensor (a copy)."""
+        """Finite steps since the scale last changed, an int32 0-d Tensor (a copy).
+        Assignable, as MindSpore's Parameter is: an int (or a one-element integer
+        Tensor) from 0 to ``scale_window - 1``."""
         return self._scaler._incr_count.reshape([]).clone()
+
+    @counter.setter
+    def counter(self, value: Any) -> None:
+        scale_window = self._scaler.get_incr_every_n_steps()
+        count = validation.check_count(
+            _host_value(value, "counter"), "counter", scale_window, "scale_window"
+        )
+        self._scaler.set_incr_count(count)
 
     def adjust(self, grads_finite: Any) -> bool:
         """Update the scale from ``grads_finite`` (a bool Tensor or a bool), on the device:
@@ -222,6 +243,18 @@ def all_finite(inputs: Any) -> Tensor:
     (nested) lists/tuples of them) is finite. Computed on the device, not read."""
     tensors = nested.tensors_in(inputs, nested.refuse_leaves("all_finite", "inputs"))
     return kernels.all_finite(tensors).reshape([])
+
+
+def _host_value(value: Any, name: str) -> Any:
+    """A number assigned to a scaler's state, read from a one-element Tensor if it is one
+    (an assignment, not a training step: the read is the caller's)."""
+    if not isinstance(value, Tensor):
+        return value
+    if value.size != 1:
+        raise ValueError(
+            f"{name} must be a number or a one-element Tensor, got shape {value.shape}"
+        )
+    return value.numpy().reshape(-1)[0]
 
 
 def _at_least_one(value: Any, name: str) -> float:

@@ -31,17 +31,26 @@ from typing import Any
 
 import paddle
 from paddle import Tensor
-from paddle.amp.grad_scaler import OptimizerState
 
 from .. import nested, validation
 from ..scaler import GradScaler as _CoreGradScaler
 from ..state import parse_state_dict
 
-__all__ = ["GradScaler"]
+__all__ = ["GradScaler", "TorchAssertionError"]
 
 # PyTorch's device types by Paddle's names for them.
 _DEVICE_TYPES = {"cpu": "cpu", "cuda": "gpu", "gpu": "gpu", "xpu": "xpu"}
 _DEVICE = re.compile(r"^([a-z_]+)(?::(\d+))?$")
+
+
+class TorchAssertionError(AssertionError, RuntimeError):
+    """Misuse that PyTorch's ``GradScaler`` asserts against: ``step(optimizer)`` for an
+    optimizer none of whose parameters has a gradient, ``update()`` with no step since
+    the last one, a pickle in the middle of an iteration.
+
+    An ``AssertionError``, what PyTorch code catches, that is also the ``RuntimeError``
+    this package raises for misuse.
+    """
 
 
 class GradScaler(_CoreGradScaler):
@@ -64,6 +73,7 @@ class GradScaler(_CoreGradScaler):
         enabled: bool = True,
         **options: Any,
     ) -> None:
+        validation.check_keywords("GradScaler", options, _KEYWORDS)
         place = _paddle_place(device)
         # PyTorch's names in the messages; the core checks the same values again.
         enabled = validation.check_bool(enabled, "enabled")
@@ -105,10 +115,24 @@ class GradScaler(_CoreGradScaler):
             )
         return self._step(optimizer, functools.partial(optimizer.step, *args, **kwargs))
 
+    def _nothing_checked(self, optimizer: Any) -> None:
+        # PyTorch refuses the step. The record goes too, so that the step after a
+        # backward() unscales afresh.
+        del self._optimizer_states[id(optimizer)]
+        raise TorchAssertionError(
+            "No inf checks were recorded for this optimizer: none of its parameters has a "
+            "gradient. Call scaler.scale(loss).backward() before scaler.step(optimizer)"
+        )
+
     def update(self, new_scale: float | Tensor | None = None) -> None:
         """End the iteration: update the scale from this iteration's steps, or set it to
         ``new_scale`` (a float, or a one-element Tensor, copied on the device)."""
         if new_scale is None:
+            if self._enable and not self._any_stepped():
+                raise TorchAssertionError(
+                    "No inf checks were recorded prior to update(): call "
+                    "scaler.step(optimizer) for each optimizer first, then update() once"
+                )
             super().update()
             return
         if not self._enable:
@@ -123,12 +147,16 @@ class GradScaler(_CoreGradScaler):
         else:
             self._scale.fill_(validation.check_scale(new_scale, "new_scale"))
         # The iteration still ends and is counted, with the given scale for the rule's.
-        if any(
-            state["state"] is OptimizerState.STEPPED for state in self._optimizer_states.values()
-        ):
+        if self._any_stepped():
             self._finish_iteration(update_scale=False)
         else:
             self._start_new_iteration()
+
+    def __getstate__(self) -> dict[str, Any]:
+        try:
+            return super().__getstate__()
+        except RuntimeError as mid_iteration:  # PyTorch asserts here
+            raise TorchAssertionError(str(mid_iteration)) from None
 
     # -- PyTorch's getters and setters ---------------------------------------------------
 
@@ -186,6 +214,15 @@ class GradScaler(_CoreGradScaler):
                     "into paddle_amp_scaler.GradScaler instead"
                 )
         super().load_state_dict(state_dict)
+
+
+# PyTorch's arguments, then the core's keyword-only options, which pass through (but
+# for place, which device= sets).
+_KEYWORDS = validation.keyword_names(GradScaler.__init__) + [
+    name
+    for name in validation.keyword_names(_CoreGradScaler.__init__, keyword_only=True)
+    if name != "place"
+]
 
 
 def _paddle_place(device: Any) -> str | None:

@@ -1,0 +1,65 @@
+"""Pickling on every Paddle: a scaler's device tensors travel as NumPy arrays.
+
+Paddle 2.6's tensors do not pickle, and Paddle 3's pickle with whatever place they
+had. A scaler, its statistics and its overflow report pickle their tensors as host
+arrays with the name of their device, so that a pickled scaler (and a deep copy, which
+goes the same way) continues its run exactly on any supported Paddle.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import paddle
+from paddle import Tensor
+
+
+@dataclasses.dataclass(frozen=True)
+class _OnHost:
+    values: np.ndarray
+    device: str
+
+
+class TensorsOnHost:
+    """Pickles (and deep-copies) the tensors in an object's attributes, also inside
+    lists, tuples and dicts, as host arrays: reading them is a device sync, which
+    pickling may cost."""
+
+    def __getstate__(self) -> dict[str, Any]:
+        state: dict[str, Any] = to_host(self.__dict__)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(to_device(state))
+
+
+def to_host(value: Any) -> Any:
+    return _each(value, Tensor, lambda tensor: _OnHost(tensor.numpy(), _device_of(tensor.place)))
+
+
+def to_device(value: Any) -> Any:
+    return _each(value, _OnHost, lambda held: paddle.to_tensor(held.values, place=held.device))
+
+
+def _each(value: Any, kind: type, convert: Callable[[Any], Any]) -> Any:
+    """``value`` with every ``kind`` in it, also inside dicts, lists and tuples, converted."""
+    if isinstance(value, kind):
+        return convert(value)
+    if type(value) is dict:
+        return {key: _each(item, kind, convert) for key, item in value.items()}
+    if type(value) in (list, tuple):
+        return type(value)(_each(item, kind, convert) for item in value)
+    return value
+
+
+def _device_of(place: Any) -> str:
+    if place.is_gpu_place():
+        return f"gpu:{place.gpu_device_id()}"
+    if place.is_xpu_place():
+        return f"xpu:{place.xpu_device_id()}"
+    if place.is_custom_place():
+        return f"{place.custom_device_type()}:{place.custom_device_id()}"
+    return "cpu"
