@@ -85,7 +85,7 @@ class LossScaleOptimizer:
         optimizers.parameters_of(inner_optimizer)  # refuses an optimizer with no parameters
         if getattr(inner_optimizer, _WRAPPED_MARK, False):
             raise ValueError(
-                f"inner_optimizer (a {type(inner_optimizer).__name__}) is already wrapped by a "
+                f"inner_optimizer ({type(inner_optimizer).__name__}) is already wrapped by a "
                 "LossScaleOptimizer: an optimizer can be wrapped only once (two wrappers "
                 "would keep two loss scales over the same gradients); keep the first "
                 "wrapper and use it"
