@@ -268,12 +268,14 @@ def statistics_not_counted():
     # What the always-on statistics cost: ours-step with their recording stubbed out.
     from paddle_amp_scaler import statistics
 
-    record = statistics.RunCounters.record_
-    statistics.RunCounters.record_ = lambda self, found, counters: None
+    counters = getattr(statistics, "RunStatistics", None) or statistics.RunCounters
+    name = "record" if hasattr(counters, "record") else "record_"  # before: record_
+    record = getattr(counters, name)
+    setattr(counters, name, lambda self, found, counters: None)
     try:
         yield
     finally:
-        statistics.RunCounters.record_ = record
+        setattr(counters, name, record)
 
 
 def without_statistics(run):
@@ -540,7 +542,13 @@ def gradients_to_unscale(params):
     grouped by dtype before paddle_amp_scaler 0.1's compiled module (for before/after
     runs against an earlier revision)."""
     group = getattr(kernels, "grads_by_dtype", None)
-    return group(params) if group is not None else kernels.grads_of(params)
+    if group is not None:
+        return group(params)
+    from paddle_amp_scaler import optimizers
+
+    # optimizers.grads_of since the core was simplified, kernels.grads_of before.
+    grads_of = getattr(optimizers, "grads_of", None) or kernels.grads_of
+    return grads_of(params)
 
 
 def multiply_in_place(arrays, factor):

@@ -19,6 +19,7 @@ from paddle import Tensor
 from paddle.distributed.communication.group import Group
 
 from . import validation
+from .kernels import Verdict
 
 
 class RankZeroOnly(logging.Filter):
@@ -60,19 +61,20 @@ class FoundInfSync:
         that a scaler built before ``init_parallel_env`` reduces once it has run."""
         return self.enabled and spans_ranks(self.group)
 
-    def reduce(self, found_inf: Tensor) -> Tensor:
-        """``found_inf`` (bool [1]) OR-ed over the group's ranks, on the device, no read;
-        ``found_inf`` itself when no reduction is due.
+    def agree(self, verdict: Verdict) -> Verdict:
+        """``verdict`` OR-ed over the group's ranks, on the device, no read; ``verdict``
+        itself when no reduction is due. A reduced verdict is known on the device only:
+        another rank's gradients may have overflowed.
 
         Every rank must call this for the same unscales in the same order, whatever its
         gradients: the scaler calls it once per unscale, gradients or none.
         """
         if not self.active():
-            return found_inf
+            return verdict
         # Collectives take no bool: as int32, MAX over ranks is OR.
-        flag = found_inf.astype(paddle.int32)
+        flag = verdict.flag.astype(paddle.int32)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
-        return flag.astype(paddle.bool)
+        return Verdict(flag.astype(paddle.bool))
 
 
 def spans_ranks(group: Group | None) -> bool:
@@ -81,14 +83,27 @@ def spans_ranks(group: Group | None) -> bool:
     return bool(dist.is_initialized() and dist.get_world_size(group) > 1)
 
 
-def check_consistency(group: Group | None, values: dict[str, float]) -> None:
-    """Gather ``values`` from every rank of ``group`` and raise ``RuntimeError`` naming
-    the ranks and the values that differ from rank 0's (or the group's first rank's).
+def check_consistency(scaler: Any, group: Group | None) -> None:
+    """Gather ``scaler``'s scale, counters and statistics from every rank of ``group`` and
+    raise ``RuntimeError`` naming the ranks and the values that differ from rank 0's (or
+    the group's first rank's).
 
     A collective: every rank of the group must call it. Reads the device.
     """
     if not spans_ranks(group):
         return
+    stats = scaler.stats()
+    values = {
+        "scale": stats.scale,
+        "incr_count": scaler.get_incr_count(),
+        "decr_count": scaler.get_decr_count(),
+        "iterations": stats.iterations,
+        "skipped": stats.skipped,
+        "skip_streak": stats.skip_streak,
+        "last_skipped": -1 if stats.last_skipped is None else stats.last_skipped,
+        "growths": stats.growths,
+        "backoffs": stats.backoffs,
+    }
     names = list(values)
     mine = paddle.to_tensor([float(values[name]) for name in names], dtype=paddle.float64)
     gathered: list[Tensor] = []

@@ -44,10 +44,9 @@ _BUILT = "paddle_amp_scaler.built"
 # The compiled module: unscale_and_check(grads, scale) -> (found_inf, found as a bool);
 # unscale_check_and_tally(grads, scale) -> (found_inf, tally, found as a bool);
 # zero_if_found(grads, found_inf); update_scale(found_inf, scale, incr_count, decr_count,
-# incr_out, decr_out, incr_every_n_steps, decr_every_n_nan_or_inf, incr_ratio,
-# decr_ratio), the scale in place; count_iteration(row, found_inf, incr_count,
-# decr_count, dynamic), the row in place. Grads are float32 or float64 CPU tensors, mixed
-# as they come.
+# incr_every_n_steps, decr_every_n_nan_or_inf, incr_ratio, decr_ratio) and
+# count_iteration(counts, found_inf, incr_count, decr_count), in place. Grads are float32
+# or float64 CPU tensors, mixed as they come.
 FusedOps = Any
 
 
@@ -154,27 +153,23 @@ def _verify(ops: FusedOps) -> None:
             or grads[1].numpy()[0] != 4.0
         ):
             raise RuntimeError(f"the compiled unscale-and-tally failed its check on {dtype}")
-    # [skipped, skip_streak, since_skip, growths, backoffs, 1]: a skip that backs off.
-    row = paddle.to_tensor([[2.0, 1.0, 0.0, 5.0, 3.0, 1.0]], dtype="float64")
+    # [skipped, skip_streak, since_skip, growths, backoffs]: a skip that backs off, then a
+    # finite iteration that does not grow.
+    counts = paddle.to_tensor([2, 1, 0, 5, 3], dtype="int64")
     zero, one = paddle.to_tensor([0], dtype="int32"), paddle.to_tensor([1], dtype="int32")
-    ops.count_iteration(row, paddle.to_tensor([True]), zero, zero, True)
-    if row.numpy().tolist() != [[3.0, 2.0, 0.0, 5.0, 4.0, 1.0]]:
+    ops.count_iteration(counts, paddle.to_tensor([True]), one, zero)
+    if counts.numpy().tolist() != [3, 2, 0, 5, 4]:
         raise RuntimeError("the compiled counter failed its check on a skipped iteration")
-    ops.count_iteration(row, paddle.to_tensor([False]), one, zero, True)
-    if row.numpy().tolist() != [[3.0, 0.0, 1.0, 5.0, 4.0, 1.0]]:
+    ops.count_iteration(counts, paddle.to_tensor([False]), one, zero)
+    if counts.numpy().tolist() != [3, 0, 1, 5, 4]:
         raise RuntimeError("the compiled counter failed its check on a finite iteration")
+    # rule.adjust's answers: a back-off on the second overflow, a growth every step.
     scale, incr, decr = paddle.to_tensor([4.0]), one.clone(), one.clone()
-    ops.update_scale(paddle.to_tensor([True]), scale, incr, decr, incr, decr, 3, 2, 2.0, 0.5)
+    ops.update_scale(paddle.to_tensor([True]), scale, incr, decr, 3, 2, 2.0, 0.5)
     if [scale.numpy()[0], incr.numpy()[0], decr.numpy()[0]] != [2.0, 0, 0]:
         raise RuntimeError("the compiled update rule failed its check on a back-off")
-    counters = (one.clone(), one.clone())
-    ops.update_scale(paddle.to_tensor([False]), scale, incr, decr, *counters, 1, 2, 2.0, 0.5)
-    if [scale.numpy()[0], *(counter.numpy()[0] for counter in counters), incr.numpy()[0]] != [
-        4.0,
-        0,
-        0,
-        0,
-    ]:
+    ops.update_scale(paddle.to_tensor([False]), scale, incr, decr, 1, 2, 2.0, 0.5)
+    if [scale.numpy()[0], incr.numpy()[0], decr.numpy()[0]] != [4.0, 0, 0]:
         raise RuntimeError("the compiled update rule failed its check on a growth")
 
 

@@ -194,58 +194,51 @@ void ZeroIfFound(const Tensors& xs, const paddle::Tensor& found) {
   }
 }
 
-// One step of the dynamic update rule on the float32 scale, in place, and the int32
-// counters, written to `incr_out` and `decr_out` (which may be the inputs), with the
-// arithmetic of Paddle's update_loss_scaling kernel: products in float32, a growth that
-// would leave float32's range refused, a back-off floored at 1.
-void UpdateScale(const paddle::Tensor& found, paddle::Tensor& scale,
-                 const paddle::Tensor& incr_count, const paddle::Tensor& decr_count,
-                 paddle::Tensor& incr_out, paddle::Tensor& decr_out, int incr_every_n_steps,
+// One step of the dynamic update rule (rule.py's adjust, with its default bounds), in
+// place on the float32 scale and the int32 counters, with the arithmetic of Paddle's
+// update_loss_scaling kernel: products in float32, a growth that would leave float32's
+// range refused, a back-off floored at 1.
+void UpdateScale(const paddle::Tensor& found, paddle::Tensor& scale, paddle::Tensor& incr_count,
+                 paddle::Tensor& decr_count, int incr_every_n_steps,
                  int decr_every_n_nan_or_inf, float incr_ratio, float decr_ratio) {
   float* scale_value = scale.data<float>();
-  int32_t incr = incr_count.data<int32_t>()[0];
-  int32_t decr = decr_count.data<int32_t>()[0];
+  int32_t* incr = incr_count.data<int32_t>();
+  int32_t* decr = decr_count.data<int32_t>();
   if (found.data<bool>()[0]) {
-    incr = 0;
-    if (++decr == decr_every_n_nan_or_inf) {
+    *incr = 0;
+    if (++*decr == decr_every_n_nan_or_inf) {
       const float lowered = *scale_value * decr_ratio;
       *scale_value = lowered < 1.0f ? 1.0f : lowered;
-      decr = 0;
+      *decr = 0;
     }
   } else {
-    decr = 0;
-    if (++incr == incr_every_n_steps) {
+    *decr = 0;
+    if (++*incr == incr_every_n_steps) {
       const float grown = *scale_value * incr_ratio;
       if (std::isfinite(grown)) *scale_value = grown;
-      incr = 0;
+      *incr = 0;
     }
   }
-  incr_out.data<int32_t>()[0] = incr;
-  decr_out.data<int32_t>()[0] = decr;
 }
 
-// One iteration's statistics, in place: `row` is statistics.py's float64
-// [1, 6] [skipped, skip_streak, since_skip, growths, backoffs, 1]. The update rule
-// changed the scale when it reset the counter of this iteration's kind; statistics.py's
-// transition matrices say the same for other devices.
-void CountIteration(paddle::Tensor& row, const paddle::Tensor& found,
-                    const paddle::Tensor& incr_count, const paddle::Tensor& decr_count,
-                    bool dynamic) {
+// One iteration's statistics, in place: `counts` is statistics.py's int64 [5]
+// [skipped, skip_streak, since_skip, growths, backoffs]. The update rule fired exactly
+// when it reset the counter of the verdict's kind (a fixed scale passes -1: never).
+void CountIteration(paddle::Tensor& counts, const paddle::Tensor& found,
+                    const paddle::Tensor& incr_count, const paddle::Tensor& decr_count) {
   enum { kSkipped, kStreak, kSinceSkip, kGrowths, kBackoffs };
-  double* counts = row.data<double>();
+  int64_t* count = counts.data<int64_t>();
   const bool skipped = found.data<bool>()[0];
-  const int32_t rule_counter = skipped ? decr_count.data<int32_t>()[0]
-                                       : incr_count.data<int32_t>()[0];
-  const bool changed = dynamic && rule_counter == 0;
+  const bool fired = (skipped ? decr_count : incr_count).data<int32_t>()[0] == 0;
   if (skipped) {
-    counts[kSkipped] += 1;
-    counts[kStreak] += 1;
-    counts[kSinceSkip] = 0;
-    counts[kBackoffs] += changed;
+    count[kSkipped] += 1;
+    count[kStreak] += 1;
+    count[kSinceSkip] = 0;
+    count[kBackoffs] += fired;
   } else {
-    counts[kStreak] = 0;
-    counts[kSinceSkip] += 1;
-    counts[kGrowths] += changed;
+    count[kStreak] = 0;
+    count[kSinceSkip] += 1;
+    count[kGrowths] += fired;
   }
 }
 

@@ -13,10 +13,6 @@ Facts kept here:
 * Both keep their names and signatures from Paddle 2.6 to 3.x as ``_C_ops`` functions.
   Paddle 2.6's ``check_finite_and_unscale`` refuses a tensor with no elements, which
   has nothing to check anyway.
-* ``update_loss_scaling`` has no ``_C_ops`` form that writes to other tensors than its
-  inputs; the ``_legacy_C_ops`` form takes its outputs (2.6 to 3.3). Its kernel writes
-  the counters every time but the scale only when it changes it, so an output scale
-  must be the input one.
 * ``_C_ops.scale`` takes its factor as a tensor on the device and keeps a 0-d tensor
   0-d: one operation, where a multiply by a [1] scale needs a reshape first.
 * On CPU, ``check_finite_and_unscale`` makes three passes per tensor, and each Paddle
@@ -30,6 +26,7 @@ Facts kept here:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -44,8 +41,6 @@ if TYPE_CHECKING:  # typing.TypeGuard needs Python 3.10
 # Untyped for the checker, like the rest of Paddle: Paddle 3 ships a stub of its ops,
 # which mypy would follow (follow_imports does not reach stubs) and 2.6 has none.
 _C_ops: Any = paddle._C_ops
-_legacy_C_ops: Any = paddle._legacy_C_ops
-_eager: Any = paddle.base.core.eager
 
 # Gradients by dtype (a paddle dtype), in parameter order: Paddle's kernels take one
 # dtype per call.
@@ -57,25 +52,6 @@ _CPU_KERNEL_DTYPES = (paddle.float32, paddle.float64)
 _CHECKED_DTYPES = (paddle.float16, paddle.bfloat16, paddle.float32, paddle.float64)
 _FLOAT32_MAX = 3.4028234663852886e38
 _forced_path: str | None = None
-
-
-def grads_of(params: Sequence[Tensor]) -> list[Tensor | None]:
-    """The gradient the optimizer will read of each parameter, None where it has none.
-
-    Paddle's master-grad mode accumulates into ``param.main_grad`` (float32) and the
-    optimizer reads that one, so it is the gradient that must be unscaled and checked.
-    """
-    # One C++ call for all of them: a Python loop of _grad_ivar() costs a microsecond
-    # or two per parameter. It leaves out frozen parameters, whose gradients Paddle's
-    # scaler checks all the same: those are fetched one by one.
-    grads: list[Tensor | None] = _eager.get_all_grads(list(params))
-    for index, param in enumerate(params):
-        master = getattr(param, "main_grad", None)
-        if master is not None:
-            grads[index] = master
-        elif grads[index] is None and param.stop_gradient:
-            grads[index] = param._grad_ivar()
-    return grads
 
 
 def grads_by_dtype_of(grads: Iterable[Tensor | None]) -> GradGroups:
@@ -131,58 +107,58 @@ def any_of(flags: Sequence[Tensor]) -> Tensor:
     return combined
 
 
-def unscale_and_check_(grads: Sequence[Tensor | None], scale: Tensor, all_finite: Tensor) -> Tensor:
-    """Multiply ``grads`` (any dtypes, None for a missing one) in place by 1/scale;
-    return a bool [1] tensor: any inf/nan.
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """Whether an unscale found inf/nan: a bool [1] ``flag`` on the device, and the same
+    as a host bool where it came with no read (on a CPU the compiled unscale hands it
+    back with the flag), else None."""
+
+    flag: Tensor
+    on_host: bool | None = None
+
+
+def unscale_and_check_(
+    grads: Sequence[Tensor | None], scale: Tensor, all_finite: Tensor
+) -> Verdict:
+    """Multiply ``grads`` (any dtypes, None for a missing one) in place by 1/scale and
+    check them for inf/nan. ``all_finite`` is the flag when there is nothing to check.
 
     One call on a CPU, where the compiled module serves; elsewhere one kernel launch
-    per dtype, however many tensors. ``all_finite`` is the flag returned when there is
-    nothing to check.
+    per dtype, however many tensors.
     """
-    return unscale_and_decide_(grads, scale, all_finite)[0]
-
-
-def unscale_and_decide_(
-    grads: Sequence[Tensor | None], scale: Tensor, all_finite: Tensor
-) -> tuple[Tensor, bool | None]:
-    """``unscale_and_check_``, also returning the verdict as a host bool where it is one
-    already, with no read: on a CPU, from the compiled module. None elsewhere, where
-    the verdict stays on the device."""
     fused = fused_ops_for(scale)
     if fused is not None:
         present = [grad for grad in grads if grad is not None]
         if not present:
-            return all_finite, False
-        found_inf, found = fused.unscale_and_check(present, scale)
-        return found_inf, found
+            return Verdict(all_finite, False)
+        return Verdict(*fused.unscale_and_check(present, scale))
     flags = [
         _C_ops.check_finite_and_unscale_(group, _scale_for(dtype, scale))[1]
         for dtype, group in grads_by_dtype_of(grads).items()
     ]
-    return (any_of(flags) if flags else all_finite), None
+    return Verdict(any_of(flags) if flags else all_finite)
 
 
 def unscale_check_and_tally_(
     grads: Sequence[Tensor], scale: Tensor, all_finite: Tensor
-) -> tuple[Tensor, bool | None, Tensor | None]:
-    """``unscale_and_decide_`` of ``grads`` (each present and non-empty), also counting
-    each one's inf and nan elements before it is unscaled: returns the verdict, its host
-    value where it has one, and an int64 [len(grads), 2] tensor of (infs, nans), None
-    when there are no grads.
+) -> tuple[Verdict, Tensor | None]:
+    """``unscale_and_check_`` of ``grads`` (each present and non-empty), also counting
+    each one's inf and nan elements before it is unscaled: an int64 [len(grads), 2]
+    tensor of (infs, nans), None when there are no grads.
 
     The compiled module counts in its one pass; elsewhere each gradient costs five
     Paddle operations more.
     """
     fused = fused_ops_for(scale)
     if not grads:
-        return all_finite, (False if fused is not None else None), None
+        return Verdict(all_finite, False if fused is not None else None), None
     if fused is not None:
         found_inf, tally, found = fused.unscale_check_and_tally(list(grads), scale)
-        return found_inf, found, tally
+        return Verdict(found_inf, found), tally
     tally = paddle.stack(
         [paddle.stack([paddle.isinf(grad).sum(), paddle.isnan(grad).sum()]) for grad in grads]
     )
-    return unscale_and_check_(grads, scale, all_finite), None, tally
+    return unscale_and_check_(grads, scale, all_finite), tally
 
 
 def all_finite(tensors: Iterable[Tensor]) -> Tensor:
@@ -199,7 +175,7 @@ def all_finite(tensors: Iterable[Tensor]) -> Tensor:
         [tensor for group in kernel_groups.values() if _kernel_takes(group[0]) for tensor in group],
         paddle.ones([1], dtype=paddle.float32),
         paddle.zeros([1], dtype=paddle.bool),
-    )
+    ).flag
     finite = paddle.logical_not(found)
     for group in kernel_groups.values():
         if not _kernel_takes(group[0]):
@@ -253,27 +229,19 @@ def fused_ops_for(tensor: Tensor) -> fused_cpu.FusedOps | None:
     return fused_cpu.load() if _path_for(tensor) == FUSED_CPU_PATH else None
 
 
-def zero_if_found_(
-    grads: Sequence[Tensor | None],
-    found_inf: Tensor,
-    scale: Tensor,
-    incr_count: Tensor,
-    decr_count: Tensor,
-) -> None:
+def zero_if_found_(grads: Sequence[Tensor | None], found_inf: Tensor) -> None:
     """Set every gradient (None for a missing one) to zero when ``found_inf`` holds,
-    decided on the device.
-
-    Paddle's ``update_loss_scaling_`` with ``stop_update=True`` leaves scale and counters
-    alone; they are passed only because the kernel's signature wants them.
-    """
-    fused = fused_ops_for(scale)
+    decided on the device."""
+    fused = fused_ops_for(found_inf)
     if fused is not None:
         fused.zero_if_found([grad for grad in grads if grad is not None], found_inf)
         return
     for dtype, group in grads_by_dtype_of(grads).items():
-        _C_ops.update_loss_scaling_(
-            group, found_inf, _scale_for(dtype, scale), incr_count, decr_count, 1, 1, 2.0, 0.5, True
-        )
+        # With stop_update=True the kernel only zeroes; it wants a scale of the group's
+        # compute dtype and counters all the same.
+        scale = stand_in(found_inf, paddle.float64 if dtype == paddle.float64 else paddle.float32)
+        counter = stand_in(found_inf, paddle.int32)
+        _C_ops.update_loss_scaling_(group, found_inf, scale, counter, counter, 1, 1, 2.0, 0.5, True)
 
 
 def clip_(tensor: Tensor, lower: float, upper: float | None) -> None:
@@ -281,77 +249,18 @@ def clip_(tensor: Tensor, lower: float, upper: float | None) -> None:
     _C_ops.clip_(tensor, lower, _FLOAT32_MAX if upper is None else upper)
 
 
-def backoff_below_one_(
-    scale: Tensor,
-    before: Tensor,
-    found_inf: Tensor,
-    decr_count: Tensor,
-    decr_ratio: float,
-    floor: float,
-) -> None:
-    """Redo this iteration's back-off, if it had one, with ``floor`` below 1.0 in place
-    of the update kernel's floor at 1.0: ``scale = max(before * decr_ratio, floor)``.
-
-    The back-off happened when the kernel found inf/nan and reset ``decr_count``.
-    """
-    # A rare setting: readability over the handful of operations it costs.
-    backed_off = paddle.logical_and(found_inf, decr_count == 0)
-    lowered = paddle.maximum(before * decr_ratio, paddle.full_like(before, floor))
-    paddle.assign(paddle.where(backed_off, lowered, scale), output=scale)
+def clamp_below_(counter: Tensor, period: int) -> None:
+    """Lower ``counter`` to at most ``period - 1`` in place, with no read of it."""
+    paddle.assign(paddle.minimum(counter, paddle.full_like(counter, period - 1)), output=counter)
 
 
-def update_scale_(
-    found_inf: Tensor,
-    scale: Tensor,
-    incr_count: Tensor,
-    decr_count: Tensor,
-    counters_into: tuple[Tensor, Tensor],
-    scratch: Tensor,
-    *,
-    incr_every_n_steps: int,
-    decr_every_n_nan_or_inf: int,
-    incr_ratio: float,
-    decr_ratio: float,
-) -> tuple[Tensor, Tensor]:
-    """One step of the dynamic update rule: ``scale`` in place, the counters written to
-    ``counters_into`` (the inputs stay as they were), which it returns.
+_stand_ins: dict[tuple[str, str], Tensor] = {}
 
-    ``scratch`` is a float32 [1] tensor that stands in for Paddle's kernel's ``xs``: the
-    grads were dealt with before the step, and the kernel refuses an empty list. The
-    compiled module, where it serves, applies the same arithmetic.
-    """
-    fused = fused_ops_for(scale)
-    if fused is not None:
-        fused.update_scale(
-            found_inf,
-            scale,
-            incr_count,
-            decr_count,
-            *counters_into,
-            incr_every_n_steps,
-            decr_every_n_nan_or_inf,
-            incr_ratio,
-            decr_ratio,
-        )
-        return counters_into
-    # The operator form that writes to given outputs (the _C_ops form writes in place).
-    # The kernel writes the scale only when it changes it: that output is the input.
-    _legacy_C_ops.update_loss_scaling(
-        [scratch],
-        found_inf,
-        scale,
-        incr_count,
-        decr_count,
-        [scratch],
-        scale,
-        *counters_into,
-        "incr_every_n_steps",
-        incr_every_n_steps,
-        "decr_every_n_nan_or_inf",
-        decr_every_n_nan_or_inf,
-        "incr_ratio",
-        incr_ratio,
-        "decr_ratio",
-        decr_ratio,
-    )
-    return counters_into
+
+def stand_in(beside: Tensor, dtype: Any) -> Tensor:
+    """A [1] tensor of zero on ``beside``'s place, for a kernel argument whose value does
+    not matter; made once per place and dtype, and never written by the caller."""
+    key = (str(beside.place), str(dtype))
+    if key not in _stand_ins:
+        _stand_ins[key] = paddle.zeros([1], dtype=dtype).to(beside.place)
+    return _stand_ins[key]

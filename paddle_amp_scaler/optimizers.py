@@ -1,11 +1,13 @@
-"""What the scaler needs to know about an optimizer object, Paddle's or a wrapper's."""
+"""What an optimizer object updates, Paddle's or a wrapper's: its parameters and their
+gradients."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import paddle
+from paddle import Tensor
 
 # Attributes under which wrappers keep the optimizer they drive: Paddle's (fleet's
 # HybridParallelOptimizer and MixPrecisionOptimizer, GroupSharded optimizers,
@@ -18,12 +20,8 @@ _INNER_OPTIMIZER_ATTRS = (
     "inner_optimizer",
 )
 _MAX_WRAPPER_DEPTH = 8
-
-_CLIPS_THAT_KEEP_ZERO = (
-    paddle.nn.ClipGradByGlobalNorm,
-    paddle.nn.ClipGradByNorm,
-    paddle.nn.ClipGradByValue,
-)
+# Untyped for the checker: see kernels.py.
+_eager: Any = paddle.base.core.eager
 
 
 def parameters_of(optimizer: Any) -> list[Any]:
@@ -34,7 +32,7 @@ def parameters_of(optimizer: Any) -> list[Any]:
     (Paddle's own answers to that range from an IndexError deep in Adam to a step that
     silently does nothing).
     """
-    owner = _first_wrapped(optimizer, _lists_parameters)
+    owner = first_wrapped(optimizer, _lists_parameters)
     if owner is None:
         raise TypeError(
             f"optimizer must be a paddle.optimizer.Optimizer built with parameters=..., "
@@ -49,10 +47,29 @@ def parameters_of(optimizer: Any) -> list[Any]:
     return params
 
 
+def grads_of(params: Sequence[Tensor]) -> list[Tensor | None]:
+    """The gradient the optimizer will read of each parameter, None where it has none.
+
+    Paddle's master-grad mode accumulates into ``param.main_grad`` (float32) and the
+    optimizer reads that one, so it is the gradient that must be unscaled and checked.
+    """
+    # One C++ call for all of them: a Python loop of _grad_ivar() costs a microsecond
+    # or two per parameter. It leaves out frozen parameters, whose gradients Paddle's
+    # scaler checks all the same: those are fetched one by one.
+    grads: list[Tensor | None] = _eager.get_all_grads(list(params))
+    for index, param in enumerate(params):
+        master = getattr(param, "main_grad", None)
+        if master is not None:
+            grads[index] = master
+        elif grads[index] is None and param.stop_gradient:
+            grads[index] = param._grad_ivar()
+    return grads
+
+
 def refuse_without_parameters(optimizer: Any) -> None:
     """``parameters_of``'s ValueError for an empty parameter list, where an object that
     lists no parameters at all may pass (a disabled scaler calls it as it is)."""
-    if _first_wrapped(optimizer, _lists_parameters) is not None:
+    if first_wrapped(optimizer, _lists_parameters) is not None:
         parameters_of(optimizer)
 
 
@@ -63,22 +80,13 @@ def _listed_parameters(owner: Any) -> list[Any]:
     return list(owner._parameter_list)
 
 
-def flag_taker(optimizer: Any) -> Any | None:
-    """The object whose ``_set_auxiliary_var('found_inf', flag)`` skips the step, if any.
-
-    Paddle's optimizers take the flag and read it once per step; a wrapper takes it
-    through the Paddle optimizer it drives.
-    """
-    return _first_wrapped(optimizer, lambda it: callable(getattr(it, "_set_auxiliary_var", None)))
-
-
 def _lists_parameters(optimizer: Any) -> bool:
     return getattr(optimizer, "_parameter_list", None) is not None or bool(
         getattr(optimizer, "_param_groups", None)
     )
 
 
-def _first_wrapped(optimizer: Any, wanted: Callable[[Any], bool]) -> Any | None:
+def first_wrapped(optimizer: Any, wanted: Callable[[Any], bool]) -> Any | None:
     """``optimizer`` if ``wanted(optimizer)``, else the first such optimizer found by
     following the wrappers' inner optimizers; None if none is."""
     candidate = optimizer
@@ -96,34 +104,3 @@ def _first_wrapped(optimizer: Any, wanted: Callable[[Any], bool]) -> Any | None:
         if candidate is None:
             return None
     return None
-
-
-def zero_grads_make_no_update(optimizer: Any) -> bool:
-    """True when a step with all-zero gradients leaves every parameter bit-for-bit as it was.
-
-    That holds for Paddle's plain SGD (``p - lr * 0 == p``, no accumulators) as long as
-    nothing turns a zero gradient into a non-zero one: no weight decay, and no clipping
-    other than Paddle's own (which maps zero to zero). Such a step can be skipped by
-    zeroing the gradients on the device, with no host read at all.
-    """
-    if type(optimizer) is not paddle.optimizer.SGD:
-        return False
-    if optimizer.regularization is not None:
-        return False
-    if not _keeps_zero(getattr(optimizer, "_grad_clip", None)):
-        return False
-    groups = optimizer._param_groups
-    if (
-        groups
-        and isinstance(groups[0], dict)
-        and any(
-            group.get("weight_decay") is not None or not _keeps_zero(group.get("grad_clip"))
-            for group in groups
-        )
-    ):
-        return False
-    return all(getattr(param, "regularizer", None) is None for param in parameters_of(optimizer))
-
-
-def _keeps_zero(clip: Any) -> bool:
-    return clip is None or type(clip) in _CLIPS_THAT_KEEP_ZERO

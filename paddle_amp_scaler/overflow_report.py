@@ -47,17 +47,16 @@ class OverflowRecorder:
 
     def unscale_and_count_(
         self, params: list[Any], grads: list[Tensor | None], scale: Tensor, all_finite: Tensor
-    ) -> tuple[Tensor, bool | None]:
-        """``kernels.unscale_and_decide_`` of ``grads``, the gradients of ``params``
-        (``kernels.grads_of(params)``), queueing each one's inf and nan counts, taken
-        before it is unscaled."""
+    ) -> kernels.Verdict:
+        """``kernels.unscale_and_check_`` of ``grads``, the gradients of ``params``,
+        queueing each one's inf and nan counts, taken before it is unscaled."""
         checked = [(param, grad) for param, grad in zip(params, grads) if kernels.is_checked(grad)]
-        found_inf, found, tally = kernels.unscale_check_and_tally_(
+        verdict, tally = kernels.unscale_check_and_tally_(
             [grad for _, grad in checked], scale, all_finite
         )
         if tally is not None:
             self._pending.append(([(param, grad.dtype) for param, grad in checked], tally))
-        return found_inf, found
+        return verdict
 
     def end_iteration(self, iteration: int, found_inf: Tensor) -> None:
         """Read this iteration's counts and verdict (one device read); keep the counts of

@@ -1,10 +1,8 @@
 """What a scaler's run has done, counted on the device, and the policy for a stuck run.
 
-Each iteration advances five counters on the device, with no read: the verdict and
-whether the update rule changed the scale pick one of four transition matrices, and
-their product applies them, folded in batches of up to 128 iterations (on a CPU, one
-call of the compiled module counts each iteration in place). ``stats()`` reads them,
-once per call.
+Five counts, with no read in a step: iterations skipped, the current streak of skipped
+ones, finite ones since the last skip, growths and back-offs (``RunStatistics``).
+``stats()`` reads them, once per call.
 """
 
 from __future__ import annotations
@@ -16,7 +14,6 @@ from collections.abc import Callable, Mapping
 from typing import Any, Union
 
 import numpy as np
-import numpy.typing as npt
 import paddle
 from paddle import Tensor
 
@@ -27,9 +24,9 @@ logger = logging.getLogger("paddle_amp_scaler")
 # Untyped for the checker: see kernels.py.
 _C_ops: Any = paddle._C_ops
 
-# The device counters, in order. "since_skip" counts iterations since the last skipped
-# one, which gives the last skipped iteration without knowing its number on the device.
-_COUNTERS = ("skipped", "skip_streak", "since_skip", "growths", "backoffs")
+# The device counts, in order. "since_skip" counts iterations since the last skipped one,
+# which gives the last skipped iteration without knowing its number on the device.
+_COUNTS = ("skipped", "skip_streak", "since_skip", "growths", "backoffs")
 # How many iterations the stuck policy lets pass between two reads of the streak.
 _MAX_CHECK_INTERVAL = 100
 
@@ -113,140 +110,74 @@ def parse_stats_state(value: Any, name: str) -> ScalerStats:
     )
 
 
-def _transition(found: bool, scale_changed: bool) -> npt.NDArray[np.float64]:
-    """The matrix that advances ``[*counters, 1]`` by one iteration of this outcome."""
-    matrix = np.eye(len(_COUNTERS) + 1)
-    index = {name: position for position, name in enumerate(_COUNTERS)}
-    constant = len(_COUNTERS)
-
-    def add_one(counter: str) -> None:
-        matrix[constant, index[counter]] += 1
-
-    def reset(counter: str) -> None:
-        matrix[index[counter], index[counter]] = 0
-
-    if found:
-        add_one("skipped")
-        add_one("skip_streak")
-        reset("since_skip")
-        if scale_changed:
-            add_one("backoffs")
-    else:
-        reset("skip_streak")
-        add_one("since_skip")
-        if scale_changed:
-            add_one("growths")
-    return matrix
-
-
-# Iterations a fold counts at most: the slot ring below holds one more than this.
+# Iterations kept at most before they are counted, on a device that counts in batches.
 _FOLD_EVERY = 128
 
-# Where the update rule writes one iteration's (incr_count, decr_count).
-RuleSlots = tuple[Tensor, Tensor]
 
+class RunStatistics(TensorsOnHost):
+    """The counts behind ``ScalerStats``, on the device: an int64 [5] tensor of ``_COUNTS``,
+    and the number of iterations on the host.
 
-class RunCounters(TensorsOnHost):
-    """The counters behind ``ScalerStats``: a float64 row ``[*counters, 1]`` on the
-    device (exact up to 2**53), and the number of iterations on the host.
-
-    Where the compiled CPU module serves, each iteration is counted as it ends, in place,
-    in one call. Elsewhere an iteration costs no operation at all: its verdict and the
-    rule's counters after its update are kept as they are (the update writes each
-    iteration's counters into a fresh slot of a ring, see ``next_slots``), and ``fold``
-    counts up to 128 of them at once: one transition matrix each, multiplied pairwise,
-    38 small operations in all.
+    An iteration counts from two facts: its verdict, and whether the update rule fired,
+    which the rule's counters tell once it has run (it fires exactly when it resets the
+    counter of the verdict's kind; a fixed scale never fires). On a CPU the compiled
+    module counts each iteration in place as it ends. Elsewhere an iteration keeps its
+    verdict and that counter (one small operation), and every 128 iterations, or before
+    a read, ``count_pending`` adds them up in a dozen operations.
     """
 
     def __init__(self, place: Any) -> None:
-        # TRANSITIONS[found][scale_changed]. The update rule changed the scale exactly
-        # when it reset the counter of this iteration's kind.
-        both = (False, True)
-        tables = [[_transition(found, changed) for changed in both] for found in both]
-        self._transitions = paddle.to_tensor(np.array(tables), place=place)
-        self._identity = paddle.to_tensor(np.eye(len(_COUNTERS) + 1)[np.newaxis], place=place)
-        self._row = paddle.to_tensor(np.eye(1, len(_COUNTERS) + 1, len(_COUNTERS)), place=place)
-        self._zero_count = paddle.to_tensor([0], dtype="int32", place=place)
-        # (found, incr_count, decr_count or None in fixed mode) of iterations not yet folded.
-        self._unfolded: list[tuple[Tensor, Tensor | None, Tensor | None]] = []
-        self._slots: list[RuleSlots] = [
-            (
-                paddle.to_tensor([0], dtype="int32", place=place),
-                paddle.to_tensor([0], dtype="int32", place=place),
-            )
-            for _ in range(_FOLD_EVERY + 1)
-        ]
-        self._next_slot = 0
-        self._slots_handed_out = 0
+        self._counts = paddle.zeros([len(_COUNTS)], dtype=paddle.int64).to(place)
+        self._never_fired = paddle.to_tensor([-1], dtype=paddle.int32, place=place)
+        self._zero = paddle.to_tensor([0], dtype=paddle.int32, place=place)
+        self._pending: list[tuple[Tensor, Tensor]] = []
         self.iterations = 0
 
-    def next_slots(self) -> RuleSlots:
-        """Where the update rule writes this iteration's counters. Slots come round again
-        only after a fold: until then the counters an unfolded iteration refers to stay
-        as the rule left them, with no copy."""
-        if self._slots_handed_out == _FOLD_EVERY:
-            self.fold()
-        slots = self._slots[self._next_slot]
-        self._next_slot = (self._next_slot + 1) % len(self._slots)
-        self._slots_handed_out += 1
-        return slots
-
-    def record_(self, found: Tensor, rule_counters: tuple[Tensor, Tensor] | None) -> None:
+    def record(self, found: Tensor, counters: tuple[Tensor, Tensor] | None) -> None:
         """Count one iteration from its verdict ``found`` (bool [1]) and, in dynamic mode,
-        the update rule's ``(incr_count, decr_count)`` after its update (from
-        ``next_slots``); nothing is read."""
+        the rule's ``(incr_count, decr_count)`` after its update; nothing is read."""
         self.iterations += 1
-        fused = kernels.fused_ops_for(self._row)
+        incr, decr = counters or (self._never_fired, self._never_fired)
+        fused = kernels.fused_ops_for(self._counts)
         if fused is not None:
-            self.fold()  # iterations left by another path come first
-            counters = rule_counters or (self._zero_count, self._zero_count)
-            fused.count_iteration(self._row, found, *counters, rule_counters is not None)
+            self.count_pending()  # iterations kept on the other path come first
+            fused.count_iteration(self._counts, found, incr, decr)
             return
-        incr, decr = rule_counters or (None, None)
-        self._unfolded.append((found, incr, decr))
-        if len(self._unfolded) == _FOLD_EVERY:
-            self.fold()
+        # A copy: the rule's counters move on in place at the next update.
+        self._pending.append((found, _C_ops.where(found, decr, incr)))
+        if len(self._pending) == _FOLD_EVERY:
+            self.count_pending()
 
-    def fold(self) -> None:
-        """Count the iterations kept so far; call it before changing the rule's counters
-        in place."""
-        unfolded, self._unfolded = self._unfolded, []
-        self._slots_handed_out = 0
-        if not unfolded:
+    def count_pending(self) -> None:
+        """Add up the iterations kept so far, on the device."""
+        pending, self._pending = self._pending, []
+        if not pending:
             return
-        found = _C_ops.concat([flag for flag, _, _ in unfolded], 0)
-        dynamic = [incr is not None for _, incr, _ in unfolded]
-        if any(dynamic):
-            # The counter of each iteration's kind, zero where the rule reset it.
-            kind = _C_ops.where(
-                found,
-                _C_ops.concat([self._zero_count if d is None else d for _, _, d in unfolded], 0),
-                _C_ops.concat([self._zero_count if i is None else i for _, i, _ in unfolded], 0),
-            )
-            changed = _C_ops.equal(kind, self._zero_count)
-            if not all(dynamic):  # a fixed-scale iteration changed nothing
-                changed = _C_ops.logical_and(changed, paddle.to_tensor(dynamic, place=found.place))
-        else:
-            changed = paddle.zeros_like(found)
-        index = _C_ops.cast(_C_ops.stack([found, changed], 1), paddle.int64)
-        self._row = _C_ops.matmul(
-            self._row, self._product(_C_ops.gather_nd(self._transitions, index)), False, False
+        n = len(pending)
+        skipped = paddle.concat([found for found, _ in pending]).astype(paddle.int64)
+        fired = paddle.equal(paddle.concat([counter for _, counter in pending]), self._zero)
+        fired = fired.astype(paddle.int64)
+        # 1-based positions of the last skipped and the last finite iteration, 0 if none.
+        positions = paddle.arange(1, n + 1, dtype=paddle.int64)
+        last_skip = (skipped * positions).max()
+        last_finite = ((1 - skipped) * positions).max()
+        counts = self._counts
+        self._counts = paddle.stack(
+            [
+                counts[0] + skipped.sum(),
+                # A streak that ran through every kept iteration continues the old one.
+                paddle.where(last_finite == 0, counts[1] + n, n - last_finite),
+                paddle.where(last_skip == 0, counts[2] + n, n - last_skip),
+                counts[3] + (fired * (1 - skipped)).sum(),
+                counts[4] + (fired * skipped).sum(),
+            ]
         )
-
-    def _product(self, matrices: Tensor) -> Tensor:
-        """``matrices[0] @ matrices[1] @ ...``, multiplied pairwise: log2(n) rounds."""
-        while matrices.shape[0] > 1:
-            if matrices.shape[0] % 2:
-                matrices = _C_ops.concat([matrices, self._identity], 0)
-            pairs = matrices.reshape([-1, 2, *matrices.shape[1:]])
-            matrices = _C_ops.matmul(pairs[:, 0], pairs[:, 1], False, False)
-        return matrices[0]
 
     def read(self, scale: Tensor) -> ScalerStats:
         """The counts and ``scale``, in one read of the device."""
-        self.fold()
-        values = paddle.concat([self._row[0, :-1], scale.astype(paddle.float64)]).numpy()
-        skipped, streak, since_skip, growths, backoffs, current = values.tolist()
+        self.count_pending()
+        values = paddle.concat([self._counts.astype(paddle.float64), scale.astype(paddle.float64)])
+        skipped, streak, since_skip, growths, backoffs, current = values.numpy().tolist()
         last = self.iterations - int(since_skip) if skipped else None
         return ScalerStats(
             self.iterations,
@@ -259,11 +190,10 @@ class RunCounters(TensorsOnHost):
         )
 
     def load(self, stats: ScalerStats) -> None:
-        self._unfolded = []
-        self._slots_handed_out = 0
+        self._pending = []
         since_skip = 0 if stats.last_skipped is None else stats.iterations - stats.last_skipped
         counts = [stats.skipped, stats.skip_streak, since_skip, stats.growths, stats.backoffs]
-        self._row = paddle.to_tensor([[*counts, 1]], dtype=paddle.float64, place=self._row.place)
+        self._counts = paddle.to_tensor(counts, dtype=paddle.int64, place=self._counts.place)
         self.iterations = stats.iterations
 
 
@@ -295,8 +225,8 @@ class StuckPolicy:
         self.check_interval = None if stuck_after is None else min(stuck_after, _MAX_CHECK_INTERVAL)
         self._warned_streak_start: int | None = None
 
-    def after_iteration(self, counters: RunCounters, read_stats: Callable[[], ScalerStats]) -> None:
-        if self.check_interval is None or counters.iterations % self.check_interval:
+    def after_iteration(self, run: RunStatistics, read_stats: Callable[[], ScalerStats]) -> None:
+        if self.check_interval is None or run.iterations % self.check_interval:
             return
         stats = read_stats()
         if self.stuck_after is None or stats.skip_streak < self.stuck_after:

@@ -69,7 +69,8 @@ class ManagerRule:
 
     def update_loss_scale(self, overflow):
         if overflow:
-            self.loss_scale = max(self.loss_scale / self.scale_factor, 1)
+            # MindSpore keeps decrease_ratio = 1 / scale_factor and multiplies by it.
+            self.loss_scale = max(self.loss_scale * (1 / self.scale_factor), 1)
             self.last_overflow_iter = self.cur_iter
             self.bad_step += 1
         else:
@@ -234,6 +235,19 @@ def test_manager_follows_mindspores_rule(overflows, window, factor):
     )
     rule = ManagerRule(2.0**20, factor, window)
     assert manager_scales(manager, overflows) == rule_scales(rule, overflows)
+
+
+@pytest.mark.parametrize("factor", [3, 1.5, 10])
+def test_manager_keeps_mindspores_python_floats(factor):
+    # MindSpore's manager holds a Python float on the host: no float32 round trip, so a
+    # factor that is no power of two gives MindSpore's own digits.
+    overflows = [True, False, False, True, True, False, False, False]
+    manager = DynamicLossScaleManager(init_loss_scale=10.0, scale_factor=factor, scale_window=2)
+    scales = manager_scales(manager, overflows)
+    assert scales == rule_scales(ManagerRule(10.0, factor, 2), overflows)
+    assert all(type(scale) is float for scale in scales)
+    if factor == 3:
+        assert scales[0] == 10.0 * (1 / 3) == 3.333333333333333
 
 
 def test_manager_scripted_schedule():

@@ -45,7 +45,7 @@ def through_path(path, arrays, scale, dtype):
             grads,
             paddle.to_tensor([scale], dtype="float32"),
             paddle.to_tensor([False]),
-        )
+        ).flag
     return [g.numpy() for g in grads], bool(found.numpy()[0])
 
 

@@ -14,10 +14,10 @@ The functional API, for loops written with ``paddle.grad``::
     ...
     loss_scaler.adjust(finite)
 
-The update rule is MindSpore's: divide by ``scale_factor`` on every overflow (never
-below 1), multiply after ``scale_window`` finite steps. It runs on the device, through
-the same kernel as every scaler of this package: a back-off multiplies by
-``1 / scale_factor``, which equals MindSpore's division for the usual powers of two.
+The update rule is MindSpore's: multiply by ``1 / scale_factor`` on every overflow
+(never below 1), by ``scale_factor`` after ``scale_window`` finite steps; it is
+``rule.adjust``, on the host for a manager's ``update_loss_scale`` and on the device for
+the scalers.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Any
 import paddle
 from paddle import Tensor
 
-from .. import kernels, nested, validation
+from .. import kernels, nested, rule, validation
 from ..scaler import GradScaler
 
 __all__ = [
@@ -74,8 +74,9 @@ class FixedLossScaleManager:
 class DynamicLossScaleManager:
     """``mindspore.DynamicLossScaleManager``: the scale adapts to overflows.
 
-    ``update_loss_scale(overflow)`` applies the rule for a loop that decides overflow
-    itself; ``get_update_cell()`` gives a ``GradScaler`` that applies it in the step.
+    ``update_loss_scale(overflow)`` applies the rule on the host, in Python floats, as
+    MindSpore's manager does, for a loop that decides overflow itself;
+    ``get_update_cell()`` gives a ``GradScaler`` that applies it in the step.
     """
 
     @validation.keywords_checked
@@ -83,15 +84,21 @@ class DynamicLossScaleManager:
         self, init_loss_scale: float = 2.0**24, scale_factor: float = 2, scale_window: int = 2000
     ) -> None:
         init_loss_scale = _at_least_one(init_loss_scale, "init_loss_scale")
-        self._scale_window = validation.check_period(scale_window, "scale_window")
+        scale_window = validation.check_period(scale_window, "scale_window")
         # MindSpore takes any positive factor; one at or below 1 would never back off.
-        self._scale_factor = validation.check_incr_ratio(scale_factor, "scale_factor")
-        self._scaler = self._new_scaler(init_loss_scale)
+        scale_factor = validation.check_incr_ratio(scale_factor, "scale_factor")
+        # MindSpore backs off by multiplying with the reciprocal, as rule.adjust does.
+        policy = rule.Policy(
+            incr_ratio=scale_factor,
+            decr_ratio=1 / scale_factor,
+            incr_every_n_steps=scale_window,
+            decr_every_n_nan_or_inf=1,
+        )
+        self._state = rule.LossScaleState(init_loss_scale, policy=policy, float32=False)
         self._consecutive_overflows = 0
 
     def get_loss_scale(self) -> float:
-        """The current scale (reads the device)."""
-        return self._scaler.get_loss_scaling()
+        return self._state.scale
 
     def get_drop_overflow_update(self) -> bool:
         return True
@@ -99,10 +106,7 @@ class DynamicLossScaleManager:
     def update_loss_scale(self, overflow: bool) -> None:
         """One iteration of the rule; ``RuntimeError`` after more than 1000 consecutive
         overflows (the scale has then been updated for this one too)."""
-        overflow = validation.check_bool(overflow, "overflow")
-        self._scaler._update_scale(
-            paddle.full_like(self._scaler._scale, overflow, dtype=paddle.bool)
-        )
+        self._state = rule.adjust(self._state, validation.check_bool(overflow, "overflow"))
         self._consecutive_overflows = self._consecutive_overflows + 1 if overflow else 0
         if self._consecutive_overflows > MAX_CONSECUTIVE_OVERFLOWS:
             raise RuntimeError(
@@ -113,14 +117,12 @@ class DynamicLossScaleManager:
 
     def get_update_cell(self) -> GradScaler:
         """A new ``GradScaler`` applying this manager's policy from its current scale."""
-        return self._new_scaler(self.get_loss_scale())
-
-    def _new_scaler(self, init_loss_scale: float) -> GradScaler:
+        policy = self._state.policy
         return GradScaler(
-            init_loss_scaling=init_loss_scale,
-            incr_ratio=self._scale_factor,
-            decr_ratio=1.0 / self._scale_factor,
-            incr_every_n_steps=self._scale_window,
+            init_loss_scaling=self._state.scale,
+            incr_ratio=policy.incr_ratio,
+            decr_ratio=policy.decr_ratio,
+            incr_every_n_steps=policy.incr_every_n_steps,
             decr_every_n_nan_or_inf=1,
             # MindSpore gives up after 1000 consecutive overflows.
             stuck_after=MAX_CONSECUTIVE_OVERFLOWS + 1,
@@ -234,7 +236,11 @@ class DynamicLossScaler(_LossScaler):
     def adjust(self, grads_finite: Any) -> bool:
         """Update the scale from ``grads_finite`` (a bool Tensor or a bool), on the device:
         grow after ``scale_window`` finite steps, back off on an overflow. Returns True."""
-        self._scaler._update_scale(paddle.logical_not(self._finite_flag(grads_finite)))
+        scaler = self._scaler
+        found = paddle.logical_not(self._finite_flag(grads_finite))
+        rule.adjust_on_device_(
+            found, scaler._scale, scaler._incr_count, scaler._decr_count, scaler._policy
+        )
         return True
 
 

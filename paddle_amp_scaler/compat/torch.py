@@ -147,10 +147,7 @@ class GradScaler(_CoreGradScaler):
         else:
             self._scale.fill_(validation.check_scale(new_scale, "new_scale"))
         # The iteration still ends and is counted, with the given scale for the rule's.
-        if self._any_stepped():
-            self._finish_iteration(update_scale=False)
-        else:
-            self._start_new_iteration()
+        self._finish_iteration(update_scale=False)
 
     def __getstate__(self) -> dict[str, Any]:
         try:
@@ -168,13 +165,13 @@ class GradScaler(_CoreGradScaler):
         return self.get_incr_ratio()
 
     def set_growth_factor(self, new_factor: float) -> None:
-        self._incr_ratio = validation.check_incr_ratio(new_factor, "new_factor")
+        self._set_policy(incr_ratio=validation.check_incr_ratio(new_factor, "new_factor"))
 
     def get_backoff_factor(self) -> float:
         return self.get_decr_ratio()
 
     def set_backoff_factor(self, new_factor: float) -> None:
-        self._decr_ratio = validation.check_decr_ratio(new_factor, "new_factor")
+        self._set_policy(decr_ratio=validation.check_decr_ratio(new_factor, "new_factor"))
 
     def get_growth_interval(self) -> int:
         return self.get_incr_every_n_steps()
@@ -194,9 +191,9 @@ class GradScaler(_CoreGradScaler):
             return {}
         return {
             "scale": self.get_loss_scaling(),
-            "growth_factor": self._incr_ratio,
-            "backoff_factor": self._decr_ratio,
-            "growth_interval": self._incr_every_n_steps,
+            "growth_factor": self.get_growth_factor(),
+            "backoff_factor": self.get_backoff_factor(),
+            "growth_interval": self.get_growth_interval(),
             "_growth_tracker": self.get_incr_count(),
         }
 
