@@ -262,5 +262,5 @@ def stand_in(beside: Tensor, dtype: Any) -> Tensor:
     not matter; made once per place and dtype, and never written by the caller."""
     key = (str(beside.place), str(dtype))
     if key not in _stand_ins:
-        _stand_ins[key] = paddle.zeros([1], dtype=dtype).to(beside.place)
+        _stand_ins[key] = paddle.to_tensor([0], dtype=dtype, place=beside.place)
     return _stand_ins[key]

@@ -127,7 +127,7 @@ class RunStatistics(TensorsOnHost):
     """
 
     def __init__(self, place: Any) -> None:
-        self._counts = paddle.zeros([len(_COUNTS)], dtype=paddle.int64).to(place)
+        self._counts = paddle.to_tensor([0] * len(_COUNTS), dtype=paddle.int64, place=place)
         self._never_fired = paddle.to_tensor([-1], dtype=paddle.int32, place=place)
         self._zero = paddle.to_tensor([0], dtype=paddle.int32, place=place)
         self._pending: list[tuple[Tensor, Tensor]] = []
