@@ -209,7 +209,7 @@ def main() -> int:
         )
     fold = count_fold()
     print(
-        f"\nours, the iteration that folds 128 iterations' statistics: {fold.operations} "
+        f"\nours, the iteration that adds up 128 iterations' statistics: {fold.operations} "
         f"operations, {fold.reads} reads: {fold.names}"
     )
     return 0

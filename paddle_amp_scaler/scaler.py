@@ -31,7 +31,9 @@ class _OptimizerRecord(TypedDict):
 
     state: Any  # an OptimizerState
     verdict: Verdict | None
-    grads: list[Tensor | None] | None  # None where a replaced _unscale did the unscaling
+    # What was unscaled and checked; None where a replaced _unscale did that.
+    params: list[Any] | None
+    grads: list[Tensor | None] | None
     # Whether any gradient was there to check: an optimizer stepped with none (no
     # backward() since its gradients were cleared) tells the update rule nothing.
     checked: bool
@@ -39,7 +41,13 @@ class _OptimizerRecord(TypedDict):
 
 def _fresh_record() -> _OptimizerRecord:
     # Module level, like Paddle's and PyTorch's factory, so that the defaultdict pickles.
-    return {"state": OptimizerState.INIT, "verdict": None, "grads": None, "checked": True}
+    return {
+        "state": OptimizerState.INIT,
+        "verdict": None,
+        "params": None,
+        "grads": None,
+        "checked": True,
+    }
 
 
 class AmpScaler(StateAccess, TensorsOnHost):
@@ -176,7 +184,7 @@ class AmpScaler(StateAccess, TensorsOnHost):
             verdict = self._overflows.unscale_and_count_(
                 params, grads, self._scale, self._temp_found_inf_value_false
             )
-        self._record_verdict(record, verdict, grads)
+        self._record_verdict(record, verdict, params, grads)
 
     def _step(self, optimizer: Any, run_step: Callable[[], Any], skipped: Any = None) -> Any:
         """Unscale ``optimizer``'s gradients unless done, then ``run_step()`` so that it
@@ -199,7 +207,8 @@ class AmpScaler(StateAccess, TensorsOnHost):
         if not record["checked"]:
             self._nothing_checked(optimizer)
         verdict = cast(Verdict, record["verdict"])  # every unscale leaves one
-        result = skipping.choose(optimizer, verdict, record["grads"]).step(run_step, verdict)
+        skip = skipping.choose(optimizer, verdict, record["params"], record["grads"])
+        result = skip.step(run_step, verdict)
         record["state"] = OptimizerState.STEPPED
         self._found_inf = verdict.flag
         self._cache_found_inf = verdict.flag if verdict.on_host is None else verdict.on_host
@@ -237,16 +246,21 @@ class AmpScaler(StateAccess, TensorsOnHost):
         # Multiplying by exactly 1 leaves every value as it is: the kernel only checks.
         ones = paddle.ones_like(self._scale)
         verdict = kernels.unscale_and_check_(grads, ones, self._temp_found_inf_value_false)
-        self._record_verdict(record, verdict, list(grads))
+        self._record_verdict(record, verdict, None, list(grads))
 
     def _record_verdict(
-        self, record: _OptimizerRecord, verdict: Verdict, grads: list[Tensor | None]
+        self,
+        record: _OptimizerRecord,
+        verdict: Verdict,
+        params: list[Any] | None,
+        grads: list[Tensor | None],
     ) -> None:
         # Agreed over the ranks before any rank decides: all then skip, update and count
         # alike.
         agreed = self._sync.agree(verdict)
         self._found_inf = agreed.flag
         record["verdict"] = agreed
+        record["params"] = params
         record["grads"] = grads
         record["checked"] = any(grad is not None for grad in grads)
         record["state"] = OptimizerState.UNSCALED

@@ -87,12 +87,17 @@ class ReadOnHost(Strategy):
         return SKIPPED if bool(verdict.flag) else run_step()
 
 
-def choose(optimizer: Any, verdict: Verdict, grads: list[Tensor | None] | None) -> Strategy:
-    """The way to skip ``optimizer``'s step on ``verdict``; ``grads`` are the gradients
-    that were checked (None where a replaced ``_unscale`` did not say)."""
+def choose(
+    optimizer: Any,
+    verdict: Verdict,
+    params: list[Any] | None,
+    grads: list[Tensor | None] | None,
+) -> Strategy:
+    """The way to skip ``optimizer``'s step on ``verdict``; ``params`` and ``grads`` are
+    what was unscaled and checked (None where a replaced ``_unscale`` did that)."""
     if verdict.on_host is not None:
         return DecidedOnHost()
-    if zero_grads_make_no_update(optimizer):
+    if zero_grads_make_no_update(optimizer, params):
         if grads is None:
             grads = optimizers.grads_of(optimizers.parameters_of(optimizer))
         return ZeroGradients(optimizer, grads)
@@ -114,8 +119,9 @@ def flag_taker(optimizer: Any) -> Any | None:
     )
 
 
-def zero_grads_make_no_update(optimizer: Any) -> bool:
-    """True when a step with all-zero gradients leaves every parameter bit-for-bit as it was.
+def zero_grads_make_no_update(optimizer: Any, params: list[Any] | None = None) -> bool:
+    """True when a step of ``optimizer`` with all-zero gradients leaves every parameter
+    (``params``, its own, looked up if None) bit for bit as it was.
 
     That holds for Paddle's plain SGD (``p - lr * 0 == p``, no accumulators) as long as
     nothing turns a zero gradient into a non-zero one: no weight decay, and no clipping
@@ -138,9 +144,9 @@ def zero_grads_make_no_update(optimizer: Any) -> bool:
         )
     ):
         return False
-    return all(
-        getattr(param, "regularizer", None) is None for param in optimizers.parameters_of(optimizer)
-    )
+    if params is None:
+        params = optimizers.parameters_of(optimizer)
+    return all(getattr(param, "regularizer", None) is None for param in params)
 
 
 def _keeps_zero(clip: Any) -> bool:
