@@ -6,7 +6,7 @@ VENV := .venv-paddle$(PADDLE)
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-long test-matrix lint docs venv clean
+.PHONY: demo test test-long test-matrix lint docs dist venv clean
 
 venv: $(STAMP)
 
@@ -15,7 +15,7 @@ venv: $(STAMP)
 PROTOBUF_BEFORE_PADDLE_3_3 := "protobuf>=5.29,<7"
 PINS := $(if $(filter 2.6.% 3.0.% 3.1.% 3.2.%,$(PADDLE)),$(PROTOBUF_BEFORE_PADDLE_3_3))
 
-$(STAMP): setup.py pyproject.toml paddle_amp_scaler/fused_unscale.cc
+$(STAMP): pyproject.toml paddle_amp_scaler/fused_unscale.cc
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e ".[cpu,test,examples,docs]" "paddlepaddle==$(PADDLE)" $(PINS)
@@ -54,5 +54,10 @@ docs: $(STAMP)
 test-long: $(STAMP)
 	$(PY) -m pytest -q -m long tests
 
+# The sdist and the wheel, built by the standard frontend into dist/.
+dist: $(STAMP)
+	rm -rf dist
+	$(PY) -m build --outdir dist .
+
 clean:
-	rm -rf .venv-paddle* *.egg-info .pytest_cache
+	rm -rf .venv-paddle* *.egg-info .pytest_cache dist build

@@ -40,25 +40,33 @@ CHECKPOINT_NAME = "digits.ckpt"
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(
         description="Train a digits classifier with dynamic loss scaling (CPU or GPU).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("--epochs", type=int, default=30, help="passes over the training set")
-    parser.add_argument("--batch-size", type=int, default=64, help="examples per step")
-    parser.add_argument("--lr", type=float, default=2e-3, help="AdamW learning rate")
+    parser.add_argument(
+        "--epochs", type=int, default=30, help="passes over the training set (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--batch-size", type=int, default=64, help="examples per step (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--lr", type=float, default=2e-3, help="AdamW learning rate (default: %(default)s)"
+    )
     parser.add_argument(
         "--init-scale",
         type=float,
         default=2.0**24,
-        help="initial loss scale (large on purpose: watch it back off)",
+        help="initial loss scale, large on purpose: watch it back off (default: 2**24)",
     )
     parser.add_argument(
-        "--incr-every", type=int, default=100, help="finite steps between scale increases"
+        "--incr-every",
+        type=int,
+        default=100,
+        help="finite steps between scale increases (default: %(default)s)",
     )
     parser.add_argument(
         "--device",
         choices=["auto", "cpu", "gpu"],
         default="auto",
-        help="where to train; auto picks the GPU when Paddle sees one",
+        help="where to train; auto (the default) picks the GPU when Paddle sees one",
     )
     parser.add_argument(
         "--emulate-fp16",
@@ -67,7 +75,12 @@ def parse_args(argv=None):
         help="round gradients through float16 (default: on for CPU, off for GPU)",
     )
     parser.add_argument("--ckpt-dir", default=None, help="write checkpoints to this folder")
-    parser.add_argument("--ckpt-every", type=int, default=100, help="steps between checkpoints")
+    parser.add_argument(
+        "--ckpt-every",
+        type=int,
+        default=100,
+        help="steps between checkpoints (default: %(default)s)",
+    )
     parser.add_argument(
         "--resume", action="store_true", help="continue from the checkpoint in --ckpt-dir"
     )
@@ -80,9 +93,11 @@ def parse_args(argv=None):
     parser.add_argument(
         "--plot",
         default="digits_training.png",
-        help="PNG file for the loss/scale figure ('' for none)",
+        help="PNG file for the loss/scale figure, '' for none (default: %(default)s)",
     )
-    parser.add_argument("--seed", type=int, default=0, help="seed for weights and data order")
+    parser.add_argument(
+        "--seed", type=int, default=0, help="seed for weights and data order (default: %(default)s)"
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
     for name in ("epochs", "batch_size", "incr_every", "ckpt_every"):

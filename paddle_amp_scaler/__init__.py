@@ -5,15 +5,22 @@ Paddle runs (CPU included), keep the scale and counters on the device, and skip 
 with inf/nan gradients without changing any parameter or optimizer state.
 """
 
+import warnings
+
 try:
-    import paddle  # noqa: F401
+    with warnings.catch_warnings():
+        # Paddle 3 warns on import that ccache is missing, which matters only to whoever
+        # builds C++ extensions: where this package is imported first, it stays quiet.
+        warnings.filterwarnings("ignore", message="No ccache found")
+        import paddle  # noqa: F401
 except ImportError as error:  # pragma: no cover - depends on the environment
     raise ImportError(
-        "paddle_amp_scaler needs PaddlePaddle 2.6 or newer. Install it with "
-        "`pip install 'paddle-amp-scaler[cpu]'` (CPU build) or "
-        "`pip install 'paddle-amp-scaler[gpu]'` (GPU build)."
+        "paddle_amp_scaler needs PaddlePaddle 2.6 or newer, which is not installed: "
+        "`pip install paddlepaddle` (the CPU build) or `pip install paddlepaddle-gpu` "
+        "(the GPU build; see paddlepaddle.org.cn for the one that fits your CUDA)"
     ) from error
 
+from ._version import __version__
 from .autocast import amp_guard, auto_cast, custom_bwd, custom_fwd, decorate
 from .checkpoint import CheckpointError, load_checkpoint, read_checkpoint, save_checkpoint
 from .install import install, uninstall
@@ -24,6 +31,7 @@ from .statistics import LossScaleStuckError, ScalerStats
 from .validation import UnknownArgumentError
 
 __all__ = [
+    "__version__",
     "AmpScaler",
     "GradScaler",
     "amp_guard",
@@ -43,4 +51,3 @@ __all__ = [
     "CheckpointError",
     "UnknownArgumentError",
 ]
-__version__ = "0.1.0"

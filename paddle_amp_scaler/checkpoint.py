@@ -323,6 +323,12 @@ def _restore_rng(rng: dict[str, Any] | None, path: str) -> None:
 
 def _write_atomically(path: str, data: bytes) -> None:
     directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        # Said before the temporary file is tried, whose name would be all the error shows.
+        raise FileNotFoundError(
+            f"cannot save the checkpoint {path!r}: its folder {directory!r} does not exist; "
+            "create it first (os.makedirs(folder, exist_ok=True))"
+        )
     handle, temporary = tempfile.mkstemp(
         dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp"
     )

@@ -11,9 +11,12 @@ counting each gradient's inf and nan elements for the overflow report: each a fu
 call of a few microseconds, where a Paddle operation costs tens right after a training
 step (see the source for why it is not a Paddle custom operator).
 
-The build needs a C++ compiler and takes about 15 s, once per Paddle version and
-source revision (cached under Paddle's extension directory). Without a compiler, or
-with ``PADDLE_AMP_SCALER_FUSED=0`` in the environment, the scaler uses Paddle's kernels.
+It is built the first time a scaler is made on a CPU (or ``kernels.unscale_paths()`` is
+asked): about 15 s with a C++ compiler, once per Paddle installation and source
+revision, cached in Paddle's extension directory (``$PADDLE_EXTENSION_DIR``, else
+``~/.cache/paddle_extensions``), quietly but for one INFO line of the package logger.
+Without a compiler, or with ``PADDLE_AMP_SCALER_FUSED=0`` in the environment, the scaler
+uses Paddle's kernels, after one WARNING line saying so.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import io
 import logging
 import os
 import shutil
+import sys
 import warnings
 from collections.abc import Iterator
 from types import ModuleType
@@ -62,22 +66,38 @@ def load() -> FusedOps | None:
     try:
         return _build_or_import()
     except Exception as error:  # no compiler, no headers, a failed check: fall back
+        first_line = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
         logger.warning(
-            "fused CPU unscale kernel unavailable (%s); using Paddle's "
-            "check_finite_and_unscale on CPU",
-            error,
+            "the compiled CPU helper could not be built or loaded (%s); the scaler uses "
+            "Paddle's kernels on CPU, with the same results, a few times slower",
+            first_line,
         )
         return None
 
 
-def _build_or_import() -> FusedOps:
-    from paddle.utils import cpp_extension
+def cache_directory() -> str:
+    """Where the helper is built and cached: Paddle's extension directory, that is
+    ``$PADDLE_EXTENSION_DIR`` or ``~/.cache/paddle_extensions``."""
+    return os.environ.get("PADDLE_EXTENSION_DIR") or os.path.join(
+        os.path.expanduser("~"), ".cache", "paddle_extensions"
+    )
 
+
+def _build_name() -> str:
+    """One build per source revision and Paddle installation: the library links to the
+    Paddle it was built against (two environments with the same Paddle version, or a
+    CPU and a GPU build, do not share one)."""
     with open(_SOURCE, "rb") as source:
         digest = hashlib.sha256(source.read()).hexdigest()[:12]
+    installation = os.path.realpath(os.path.dirname(paddle.__file__))
+    identity = f"{installation}|{paddle.version.commit}|{sys.version}".encode()
     version = paddle.__version__.replace(".", "_").replace("-", "_").replace("+", "_")
-    name = f"paddle_amp_scaler_fused_{version}_{digest}"
-    directory = os.path.join(cpp_extension.get_build_directory(), name)
+    return f"paddle_amp_scaler_fused_{version}_{digest}_{hashlib.sha256(identity).hexdigest()[:8]}"
+
+
+def _build_or_import() -> FusedOps:
+    name = _build_name()
+    directory = os.path.join(cache_directory(), name)
     marker = os.path.join(directory, _BUILT)
     os.makedirs(os.path.dirname(directory), exist_ok=True)
     # One builder at a time; a build killed half-way has no marker and is redone.
@@ -91,9 +111,13 @@ def _build_or_import() -> FusedOps:
             return module
         shutil.rmtree(directory, ignore_errors=True)
         os.makedirs(directory)
-        logger.info("building the fused CPU unscale kernel in %s (once, about 15 s)", directory)
-        with warnings.catch_warnings(), _quiet_paddle_build_output():
-            warnings.simplefilter("ignore")
+        logger.info(
+            "building the compiled CPU helper once for this Paddle, about 15 s, into %s",
+            directory,
+        )
+        with _quiet_paddle_build():
+            from paddle.utils import cpp_extension
+
             cpp_extension.load(
                 name=name,
                 sources=[_SOURCE],
@@ -184,16 +208,26 @@ def _exclusive(lock_path: str) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _quiet_paddle_build_output() -> Iterator[None]:
-    # Paddle's extension builder prints a notice and logs at INFO on every load; the
-    # user asked for neither (our own INFO line above says what happens).
-    from paddle.utils.cpp_extension import extension_utils
+def _quiet_paddle_build() -> Iterator[None]:
+    """Paddle's extension builder warns (a missing ccache among others), prints a notice
+    and logs at INFO; the user asked for none of it (our one INFO line says what
+    happens)."""
+    # The build runs Python in a child process, which imports Paddle and warns again.
+    child_warnings = os.environ.get("PYTHONWARNINGS")
+    os.environ["PYTHONWARNINGS"] = "ignore"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from paddle.utils.cpp_extension import extension_utils
 
-    chatty = extension_utils.logger
-    level = chatty.level
-    chatty.setLevel(logging.WARNING)
-    try:
-        with contextlib.redirect_stdout(io.StringIO()):
-            yield
-    finally:
-        chatty.setLevel(level)
+        chatty = extension_utils.logger
+        level = chatty.level
+        chatty.setLevel(logging.WARNING)
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):
+                yield
+        finally:
+            chatty.setLevel(level)
+            if child_warnings is None:
+                del os.environ["PYTHONWARNINGS"]
+            else:
+                os.environ["PYTHONWARNINGS"] = child_warnings

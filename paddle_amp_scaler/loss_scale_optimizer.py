@@ -284,7 +284,18 @@ class LossScaleOptimizer:
         )
 
     def __repr__(self) -> str:
-        return f"LossScaleOptimizer({self._inner!r}, scaler={type(self._scaler).__name__})"
+        """What TensorFlow shows of it: the inner optimizer's class and the scale's state
+        (reads the device)."""
+        inner = type(self._inner).__name__
+        if not self._scaler.is_enable():
+            return f"LossScaleOptimizer({inner}, scaler={self._scaler!r})"
+        state = f"dynamic={self.dynamic}, loss_scale={self._scaler.get_loss_scaling()!r}"
+        if self.dynamic:
+            state += (
+                f", dynamic_growth_steps={self.dynamic_growth_steps}, "
+                f"dynamic_counter={self.dynamic_counter}"
+            )
+        return f"LossScaleOptimizer({inner}, {state})"
 
 
 _KEYWORDS = validation.keyword_names(LossScaleOptimizer.__init__)

@@ -8,7 +8,6 @@ ones, finite ones since the last skip, growths and back-offs (``RunStatistics``)
 from __future__ import annotations
 
 import dataclasses
-import logging
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any, Union
@@ -20,7 +19,6 @@ from paddle import Tensor
 from . import distributed, kernels
 from .pickling import TensorsOnHost
 
-logger = logging.getLogger("paddle_amp_scaler")
 # Untyped for the checker: see kernels.py.
 _C_ops: Any = paddle._C_ops
 
@@ -202,7 +200,8 @@ OnStuck = Union[str, Callable[[ScalerStats], Any]]
 
 class StuckPolicy:
     """What to do when ``stuck_after`` consecutive iterations or more were skipped:
-    ``"warn"`` (once per streak), ``"raise"`` or a callable taking ``ScalerStats``.
+    ``"warn"`` (one ``RuntimeWarning`` per streak), ``"raise"`` or a callable taking
+    ``ScalerStats``.
 
     The streak is read once every ``min(stuck_after, 100)`` iterations, so the policy
     fires after ``stuck_after`` to ``stuck_after + k - 1`` consecutive skips.
@@ -242,8 +241,8 @@ class StuckPolicy:
             raise LossScaleStuckError(message)
         else:
             streak_start = stats.iterations - stats.skip_streak + 1
-            if streak_start != self._warned_streak_start:
+            # One report per streak, as a warning (which a user can filter or make an
+            # error), from rank 0: one rank speaks for all.
+            if streak_start != self._warned_streak_start and distributed.on_rank_zero():
                 self._warned_streak_start = streak_start
-                logger.warning(message)
-                if distributed.on_rank_zero():  # as the log: one rank speaks for all
-                    warnings.warn(message, RuntimeWarning, stacklevel=4)
+                warnings.warn(message, RuntimeWarning, stacklevel=4)

@@ -170,6 +170,15 @@ def keyword_names(function: Callable[..., Any], keyword_only: bool = False) -> l
     ]
 
 
+def keyword_defaults(function: Callable[..., Any]) -> dict[str, Any]:
+    """The default value of each argument of ``function`` that has one."""
+    return {
+        name: parameter.default
+        for name, parameter in inspect.signature(function).parameters.items()
+        if parameter.default is not inspect.Parameter.empty
+    }
+
+
 _Init = TypeVar("_Init", bound=Callable[..., None])
 
 

@@ -290,6 +290,17 @@ def test_bad_step_argument(tmp_path):
         )
 
 
+def test_a_folder_that_does_not_exist_is_named_with_the_fix(tmp_path):
+    run = Run()
+    target = tmp_path / "not" / "yet" / "run.ckpt"
+    with pytest.raises(FileNotFoundError) as raised:
+        run.save(target, step=1)
+    message = str(raised.value)
+    assert str(target) in message and str(target.parent) in message
+    assert "os.makedirs" in message and ".tmp" not in message
+    assert not (tmp_path / "not").exists()
+
+
 # -- atomic saves ------------------------------------------------------------------------
 
 

@@ -110,6 +110,10 @@ def test_help_documents_every_flag():
         "--no-progress",
     ):
         assert flag in result.stdout
+    # Each default said once, and none for a flag that has none.
+    help_text = " ".join(result.stdout.split())
+    assert help_text.count("(default") == 9 and "(default: None)" not in help_text
+    assert ") (default" not in help_text
 
 
 @pytest.mark.parametrize(

@@ -276,7 +276,7 @@ def test_reads_once_per_check():
     assert counter.reads["scaler"] == 3, counter.where
 
 
-def test_warn_once_per_streak():
+def test_warn_once_per_streak(caplog):
     run = Run(GradScaler(stuck_after=2))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -285,6 +285,8 @@ def test_warn_once_per_streak():
     stuck = [w for w in caught if issubclass(w.category, RuntimeWarning)]
     assert len(stuck) == 2
     assert "were all skipped" in str(stuck[0].message)
+    # One report per streak: the warning, not a log line besides.
+    assert not [r for r in caplog.records if "were all skipped" in r.getMessage()]
 
 
 @pytest.mark.parametrize("kind", [GradScaler, AmpScaler])

@@ -56,6 +56,12 @@ class FixedLossScaleManager:
     def get_loss_scale(self) -> float:
         return self._loss_scale
 
+    def __repr__(self) -> str:
+        return (
+            f"FixedLossScaleManager(loss_scale={self._loss_scale!r}, "
+            f"drop_overflow_update={self._drop_overflow_update!r})"
+        )
+
     def get_drop_overflow_update(self) -> bool:
         return self._drop_overflow_update
 
@@ -99,6 +105,13 @@ class DynamicLossScaleManager:
 
     def get_loss_scale(self) -> float:
         return self._state.scale
+
+    def __repr__(self) -> str:
+        policy = self._state.policy
+        return (
+            f"DynamicLossScaleManager(loss_scale={self._state.scale!r}, "
+            f"scale_factor={policy.incr_ratio!r}, scale_window={policy.incr_every_n_steps!r})"
+        )
 
     def get_drop_overflow_update(self) -> bool:
         return True
@@ -192,6 +205,9 @@ class StaticLossScaler(_LossScaler):
             )
         )
 
+    def __repr__(self) -> str:
+        return f"StaticLossScaler(scale_value={self._scaler.get_loss_scaling()!r})"
+
     def adjust(self, grads_finite: Any) -> bool:
         """A static scale does not change: returns False, as MindSpore's does."""
         self._finite_flag(grads_finite)
@@ -232,6 +248,15 @@ class DynamicLossScaler(_LossScaler):
             _host_value(value, "counter"), "counter", scale_window, "scale_window"
         )
         self._scaler.set_incr_count(count)
+
+    def __repr__(self) -> str:
+        scaler = self._scaler
+        return (
+            f"DynamicLossScaler(scale_value={scaler.get_loss_scaling()!r}, "
+            f"scale_factor={int(scaler.get_incr_ratio())!r}, "
+            f"scale_window={scaler.get_incr_every_n_steps()!r}, "
+            f"counter={scaler.get_incr_count()!r})"
+        )
 
     def adjust(self, grads_finite: Any) -> bool:
         """Update the scale from ``grads_finite`` (a bool Tensor or a bool), on the device:

@@ -149,6 +149,18 @@ class GradScaler(_CoreGradScaler):
         # The iteration still ends and is counted, with the given scale for the rule's.
         self._finish_iteration(update_scale=False)
 
+    def __repr__(self) -> str:
+        return "GradScaler(enabled=False)" if not self._enable else super().__repr__()
+
+    def _repr_fields(self) -> dict[str, Any]:
+        return {
+            "scale": self.get_scale(),
+            "growth_factor": self.get_growth_factor(),
+            "backoff_factor": self.get_backoff_factor(),
+            "growth_interval": self.get_growth_interval(),
+            "growth_tracker": self.get_incr_count(),
+        }
+
     def __getstate__(self) -> dict[str, Any]:
         try:
             return super().__getstate__()
