@@ -6,7 +6,7 @@ VENV := .venv-paddle$(PADDLE)
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-long test-matrix lint docs dist venv clean
+.PHONY: demo test test-long test-matrix lint docs docs-output dist venv clean
 
 venv: $(STAMP)
 
@@ -49,6 +49,10 @@ lint: $(STAMP)
 # The documentation site, warnings as errors; output in docs/_build/html.
 docs: $(STAMP)
 	$(PY) -m sphinx -W --keep-going -q -b html docs docs/_build/html
+
+# The outputs the pages show, run again and written into them (tools/docs_outputs.py).
+docs-output: $(STAMP)
+	$(PY) tools/docs_outputs.py
 
 # The long reliability runs (kill -9 loops, 100k-step soak, large random searches).
 test-long: $(STAMP)

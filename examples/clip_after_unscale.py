@@ -4,6 +4,12 @@ Clipping scaled gradients would clip at max_norm * scale; unscale_ divides them 
 in place, and step() then knows not to unscale again.
 """
 
+import warnings
+
+# Paddle 3 warns on import that ccache is missing: news for whoever builds C++ extensions,
+# which this example does not (the scaler's helper is built once, quietly).
+warnings.filterwarnings("ignore", message="No ccache found")
+
 import paddle
 
 from paddle_amp_scaler import GradScaler, auto_cast

@@ -10,15 +10,24 @@ batch, and the scaler reduces its found-inf flag over the ranks before any of th
 decides: all ranks skip the same steps and keep the same scale. fp16 gradients are
 emulated on a CPU, with a scale far too large at the start, so that the first steps
 overflow and the scale backs off. At the end every rank checks that it agrees with
-the others (``check_consistency``), and rank 0 prints what happened.
+the others (``check_consistency``), rank 0 prints what happened and saves a checkpoint,
+and every rank resumes from it.
 """
 
+import warnings
+
+# Paddle 3 warns on import that ccache is missing: news for whoever builds C++ extensions,
+# which this example does not (the scaler's helper is built once, quietly).
+warnings.filterwarnings("ignore", message="No ccache found")
+
 import argparse
+import os
+import tempfile
 
 import paddle
 import paddle.distributed as dist
 
-from paddle_amp_scaler import GradScaler
+from paddle_amp_scaler import GradScaler, load_checkpoint, save_checkpoint
 from paddle_amp_scaler.testing import emulate_fp16_grads
 
 from _common import mlp, toy_batches
@@ -27,6 +36,7 @@ from _common import mlp, toy_batches
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=40, help="training steps (default 40)")
+    parser.add_argument("--ckpt-dir", help="folder for the checkpoint (default: a temporary one)")
     args = parser.parse_args()
     if args.steps < 1:
         parser.error("--steps must be at least 1")
@@ -52,6 +62,25 @@ def main():
     if rank == 0:
         print(f"{ranks} ranks agree: {scaler.stats()}")
         print(f"last loss on rank 0: {float(loss):.4f}")
+
+    # Everything is identical on every rank: one checkpoint, saved by rank 0, resumes all.
+    folder = args.ckpt_dir or tempfile.mkdtemp(prefix="ddp-ckpt-")
+    folder = broadcast_path(folder)
+    path = os.path.join(folder, "ckpt.pdckpt")
+    parts = dict(model=model, optimizer=optimizer, scaler=scaler)
+    if dist.get_rank() == 0:
+        save_checkpoint(path, step=args.steps, **parts)
+    dist.barrier()
+    step = load_checkpoint(path, **parts)
+    if rank == 0:
+        print(f"every rank resumed from step {step} of {path}")
+
+
+def broadcast_path(path):
+    """Rank 0's folder, on every rank (a temporary folder differs per process)."""
+    paths = []
+    dist.all_gather_object(paths, path)
+    return paths[0]
 
 
 if __name__ == "__main__":

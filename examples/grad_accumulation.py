@@ -4,6 +4,12 @@ The scale must not change between the micro-batches of one step, so update() com
 once per optimizer step, not once per backward pass.
 """
 
+import warnings
+
+# Paddle 3 warns on import that ccache is missing: news for whoever builds C++ extensions,
+# which this example does not (the scaler's helper is built once, quietly).
+warnings.filterwarnings("ignore", message="No ccache found")
+
 import paddle
 
 from paddle_amp_scaler import GradScaler, auto_cast

@@ -5,6 +5,12 @@ before forming the penalty, so that the penalty is computed on true values. Read
 the scale back costs one device sync per step, as in PyTorch's version of this pattern.
 """
 
+import warnings
+
+# Paddle 3 warns on import that ccache is missing: news for whoever builds C++ extensions,
+# which this example does not (the scaler's helper is built once, quietly).
+warnings.filterwarnings("ignore", message="No ccache found")
+
 import paddle
 
 from paddle_amp_scaler import GradScaler, auto_cast

@@ -6,6 +6,12 @@ iteration out as TensorFlow's mixed-precision guide does, with paddle.grad for t
 gradient tape. On a CPU, fp16 gradients are emulated, so the first steps overflow.
 """
 
+import warnings
+
+# Paddle 3 warns on import that ccache is missing: news for whoever builds C++ extensions,
+# which this example does not (the scaler's helper is built once, quietly).
+warnings.filterwarnings("ignore", message="No ccache found")
+
 import paddle
 
 from paddle_amp_scaler import LossScaleOptimizer, auto_cast

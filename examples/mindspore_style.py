@@ -6,6 +6,12 @@ scale. A DynamicLossScaleManager's get_update_cell() gives a GradScaler for the 
 loop. On a CPU, fp16 gradients are emulated, so the first steps overflow.
 """
 
+import warnings
+
+# Paddle 3 warns on import that ccache is missing: news for whoever builds C++ extensions,
+# which this example does not (the scaler's helper is built once, quietly).
+warnings.filterwarnings("ignore", message="No ccache found")
+
 import paddle
 
 from paddle_amp_scaler import auto_cast

@@ -5,6 +5,12 @@ so that the first iterations overflow: the scaler says how many it skipped, whic
 gradients held inf or nan, and what it would do if a run never recovered.
 """
 
+import warnings
+
+# Paddle 3 warns on import that ccache is missing: news for whoever builds C++ extensions,
+# which this example does not (the scaler's helper is built once, quietly).
+warnings.filterwarnings("ignore", message="No ccache found")
+
 import logging
 
 import paddle
@@ -14,8 +20,11 @@ from paddle_amp_scaler.testing import emulate_fp16_grads
 
 from _common import mlp, parse_steps, toy_batches
 
-logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+# Paddle puts a handler of its own on the root logger when it is imported: basicConfig
+# changes the format only with force=True, which replaces it.
+logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s", force=True)
 steps = parse_steps(__doc__.splitlines()[0])
+paddle.seed(0)  # the same weights every run: docs/monitoring.md shows this run's output
 model = mlp()
 emulate_fp16_grads(model)
 optimizer = paddle.optimizer.AdamW(learning_rate=1e-3, parameters=model.parameters())

@@ -7,6 +7,12 @@ GPU, XPU and custom devices only). The script prints what decorate() set up, and
 trains only on a GPU.
 """
 
+import warnings
+
+# Paddle 3 warns on import that ccache is missing: news for whoever builds C++ extensions,
+# which this example does not (the scaler's helper is built once, quietly).
+warnings.filterwarnings("ignore", message="No ccache found")
+
 import paddle
 
 from paddle_amp_scaler import GradScaler, auto_cast, decorate

@@ -10,6 +10,12 @@ Needs ``pip install paddleformers``, which is not part of this project's test
 environment (it wants its own NumPy and PyArrow versions): run it in a separate one.
 """
 
+import warnings
+
+# Paddle 3 warns on import that ccache is missing: news for whoever builds C++ extensions,
+# which this example does not (the scaler's helper is built once, quietly).
+warnings.filterwarnings("ignore", message="No ccache found")
+
 import argparse
 import logging
 import tempfile
@@ -18,9 +24,9 @@ import paddle_amp_scaler
 
 paddle_amp_scaler.install()  # first, then import the trainer
 
-import numpy as np  # noqa: E402
-import paddle  # noqa: E402
-from paddleformers.trainer import Trainer, TrainingArguments  # noqa: E402
+import numpy as np
+import paddle
+from paddleformers.trainer import Trainer, TrainingArguments
 
 POISONED = [3, 100]
 

@@ -4,6 +4,12 @@ On a CPU, fp16 gradients are emulated so that the large initial scale overflows 
 scaler visibly backs off.
 """
 
+import warnings
+
+# Paddle 3 warns on import that ccache is missing: news for whoever builds C++ extensions,
+# which this example does not (the scaler's helper is built once, quietly).
+warnings.filterwarnings("ignore", message="No ccache found")
+
 import paddle
 
 from paddle_amp_scaler import GradScaler, auto_cast

@@ -5,6 +5,12 @@ names: init_scale, growth_interval, get_scale(), a five-key state_dict(). On a C
 fp16 gradients are emulated, so the large initial scale overflows and backs off.
 """
 
+import warnings
+
+# Paddle 3 warns on import that ccache is missing: news for whoever builds C++ extensions,
+# which this example does not (the scaler's helper is built once, quietly).
+warnings.filterwarnings("ignore", message="No ccache found")
+
 import paddle
 
 from paddle_amp_scaler.compat.torch import GradScaler

@@ -4,6 +4,12 @@ Each optimizer skips on its own inf/nan check; update() backs the scale off if e
 one found inf/nan. Both losses are scaled by the same factor.
 """
 
+import warnings
+
+# Paddle 3 warns on import that ccache is missing: news for whoever builds C++ extensions,
+# which this example does not (the scaler's helper is built once, quietly).
+warnings.filterwarnings("ignore", message="No ccache found")
+
 import paddle
 
 from paddle_amp_scaler import GradScaler, auto_cast

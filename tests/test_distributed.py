@@ -177,10 +177,11 @@ def test_check_consistency_names_the_rank_that_differs(independent):
 
 def test_the_data_parallel_example_runs_on_two_ranks(tmp_path):
     example = os.path.join(REPO, "examples", "distributed_data_parallel.py")
-    _, logs = run_on_ranks(example, ["--steps", "30"], tmp_path)
+    _, logs = run_on_ranks(example, ["--steps", "30", "--ckpt-dir", str(tmp_path)], tmp_path)
     (line,) = [line for line in logs[0].splitlines() if line.startswith("2 ranks agree:")]
     assert "skipped=" in line and "skipped=0," not in line, line
     assert "2 ranks agree" not in logs[1]
+    assert f"every rank resumed from step 30 of {tmp_path}" in logs[0], logs[0][-2000:]
 
 
 def test_the_two_rank_benchmark_reports_the_reduction(tmp_path):

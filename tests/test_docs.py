@@ -1,10 +1,15 @@
-"""The documentation's worked trace of the update rule is what the scaler does."""
+"""The documentation tells the truth: its worked trace of the update rule is what the
+scaler does, its code runs as pasted, and the outputs it shows are what the code prints."""
 
 import math
 import os
 import re
+import subprocess
+import sys
+import textwrap
 
 import paddle
+import pytest
 
 from paddle_amp_scaler import GradScaler
 
@@ -34,3 +39,55 @@ def test_worked_trace_in_concepts_matches_the_scaler():
             scaler.get_loss_scaling(),
             bool(scaler._cache_found_inf),
         ) == (int(incr), int(decr), float(scale), taken == "skipped"), f"row {step}"
+
+
+# -- every Python block of the README and the docs runs as pasted, or says where it is from
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PAGES = ["README.md"] + sorted(
+    os.path.join("docs", name)
+    for name in os.listdir(os.path.join(ROOT, "docs"))
+    if name.endswith(".md")
+)
+BLOCK = re.compile(r"^(?P<indent> *)```python\n(?P<body>.*?)^(?P=indent)```", re.S | re.M)
+# A fragment says so on its first line, where a reader sees it, and names the example
+# that runs it whole.
+FRAGMENT = re.compile(r"^# (?:Fragment\b|\w+, for comparison\b).*?\b(examples/\w+\.py)")
+
+
+def python_blocks():
+    for page in PAGES:
+        with open(os.path.join(ROOT, page), encoding="utf-8") as source:
+            text = source.read()
+        for match in BLOCK.finditer(text):
+            line = text[: match.start()].count("\n") + 1
+            code = textwrap.dedent(match["body"])
+            yield pytest.param(code, id=f"{page}:{line}")
+
+
+@pytest.mark.parametrize("code", list(python_blocks()))
+def test_a_block_runs_as_pasted_or_is_a_marked_fragment(code, tmp_path):
+    fragment = FRAGMENT.match(code)
+    if fragment:
+        assert os.path.isfile(os.path.join(ROOT, fragment[1])), fragment[1]
+        return
+    environment = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+def test_the_outputs_the_pages_show_are_what_the_code_prints():
+    result = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "tools", "docs_outputs.py"), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

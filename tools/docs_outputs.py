@@ -1,0 +1,102 @@
+#!/usr/bin/env python
+"""The outputs the documentation shows, regenerated from the code that prints them.
+
+A page marks each such block with the command that made it and the Paddle it ran on:
+
+    <!-- output: python examples/monitor_a_run.py (Paddle 3.3.1) -->
+    ```text
+    ...
+    ```
+
+`make docs-output` reruns every command, from the repository's root, and writes its
+output (stdout and stderr, as a terminal shows them) into the block. With `--check` it
+writes nothing and fails where a block differs from a fresh run on the same Paddle; a
+block recorded on another Paddle, or whose command cannot run here (an optional library
+missing), is reported and left alone.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import subprocess
+import sys
+import warnings
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MARKED = re.compile(
+    r"<!-- output: (?P<command>python [^\n]+?) \(Paddle (?P<paddle>[\w.]+)\) -->\n"
+    r"```text\n(?P<body>.*?)```",
+    re.S,
+)
+
+
+def pages() -> list[str]:
+    return [os.path.join(ROOT, "README.md")] + sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))
+
+
+def run(command: str) -> subprocess.CompletedProcess[str]:
+    arguments = [sys.executable, *command.split()[1:]]
+    environment = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    return subprocess.run(
+        arguments,
+        cwd=ROOT,
+        env=environment,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=600,
+    )
+
+
+def paddle_version() -> str:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Paddle 3's import-time note about ccache
+        import paddle
+
+    return str(paddle.__version__)
+
+
+def refresh(page: str, check: bool) -> list[str]:
+    """Rerun the marked commands of ``page``; return the problems found."""
+    with open(page, encoding="utf-8") as source:
+        text = source.read()
+    problems, version = [], paddle_version()
+    name = os.path.relpath(page, ROOT)
+
+    def replace(match: re.Match[str]) -> str:
+        command = match["command"]
+        if check and match["paddle"] != version:
+            print(f"{name}: `{command}` was recorded on Paddle {match['paddle']}; not compared")
+            return match[0]
+        result = run(command)
+        if result.returncode != 0:
+            print(f"{name}: `{command}` cannot run here, left as it was:\n{result.stdout[-500:]}")
+            return match[0]
+        output = "\n".join(line.rstrip() for line in result.stdout.strip().splitlines())
+        if check and output != match["body"].strip():
+            problems.append(f"{name}: the output of `{command}` is not what the page shows")
+        return f"<!-- output: {command} (Paddle {version}) -->\n```text\n{output}\n```"
+
+    updated = MARKED.sub(replace, text)
+    if not check and updated != text:
+        with open(page, "w", encoding="utf-8") as target:
+            target.write(updated)
+        print(f"{name}: updated")
+    return problems
+
+
+def main(argv: list[str]) -> int:
+    check = argv == ["--check"]
+    if argv and not check:
+        print(__doc__.strip())
+        return 2
+    problems = [problem for page in pages() for problem in refresh(page, check)]
+    for problem in problems:
+        print(problem)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
