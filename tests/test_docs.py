@@ -91,3 +91,19 @@ def test_the_outputs_the_pages_show_are_what_the_code_prints():
         timeout=600,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_link_resolves_in_the_repository_or_is_a_public_url(page):
+    with open(os.path.join(ROOT, page), encoding="utf-8") as source:
+        links = LINK.findall(source.read())
+    folder = os.path.dirname(os.path.join(ROOT, page))
+    for link in links:
+        if link.startswith(("https://", "http://", "#")):
+            continue
+        target = os.path.normpath(os.path.join(folder, link.split("#")[0]))
+        assert target.startswith(ROOT + os.sep), (page, link)
+        assert os.path.exists(target), (page, link)
