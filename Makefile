@@ -6,7 +6,7 @@ VENV := .venv-paddle$(PADDLE)
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-long test-matrix lint docs docs-output dist venv clean
+.PHONY: demo test test-long test-matrix lint docs docs-output docs-screenshot dist venv clean
 
 venv: $(STAMP)
 
@@ -18,7 +18,7 @@ PINS := $(if $(filter 2.6.% 3.0.% 3.1.% 3.2.%,$(PADDLE)),$(PROTOBUF_BEFORE_PADDL
 $(STAMP): pyproject.toml paddle_amp_scaler/fused_unscale.cc
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[cpu,test,examples,docs]" "paddlepaddle==$(PADDLE)" $(PINS)
+	$(PY) -m pip install --quiet -e ".[cpu,test,examples,docs,integrations]" "paddlepaddle==$(PADDLE)" $(PINS)
 	@# Build the fused CPU kernel now (about 15 s, cached) rather than at the first step.
 	$(PY) -c "from paddle_amp_scaler import kernels; print('unscale paths:', kernels.unscale_paths())"
 	touch $(STAMP)
@@ -53,6 +53,11 @@ docs: $(STAMP)
 # The outputs the pages show, run again and written into them (tools/docs_outputs.py).
 docs-output: $(STAMP)
 	$(PY) tools/docs_outputs.py
+
+# The monitoring page's VisualDL figure: the demo's run served by VisualDL, photographed by
+# headless Chromium (apt-get install chromium).
+docs-screenshot: $(STAMP)
+	$(PY) tools/visualdl_screenshot.py docs/figures/visualdl.png
 
 # The long reliability runs (kill -9 loops, 100k-step soak, large random searches).
 test-long: $(STAMP)

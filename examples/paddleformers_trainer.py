@@ -6,6 +6,10 @@ itself off there) and skips the iterations whose gradients overflow. Two trainin
 samples are poisoned with values whose loss overflows float32; the Trainer's master
 gradients (``amp_master_grad``, on by default) are what the scaler checks.
 
+``ScalerTrainerCallback.attach(trainer)`` puts the loss scale and the skipped steps in
+every log the Trainer makes, where its ``report_to`` integrations see them: here
+VisualDL, whose log the script reads back.
+
 Needs ``pip install paddleformers``, which is not part of this project's test
 environment (it wants its own NumPy and PyArrow versions): run it in a separate one.
 """
@@ -18,6 +22,7 @@ warnings.filterwarnings("ignore", message="No ccache found")
 
 import argparse
 import logging
+import os
 import tempfile
 
 import paddle_amp_scaler
@@ -27,6 +32,9 @@ paddle_amp_scaler.install()  # first, then import the trainer
 import numpy as np
 import paddle
 from paddleformers.trainer import Trainer, TrainingArguments
+from visualdl import LogReader
+
+from paddle_amp_scaler.integrations import ScalerTrainerCallback
 
 POISONED = [3, 100]
 
@@ -77,20 +85,34 @@ def main():
             per_device_train_batch_size=16,
             learning_rate=1e-2,
             save_strategy="no",
-            report_to=[],
+            logging_steps=10,
+            logging_dir=os.path.join(output_dir, "vdl"),
+            report_to=["visualdl"],
             device="cpu",
         )
         trainer = Trainer(model=model, args=arguments, train_dataset=Samples(POISONED))
         print(
             f"the Trainer built {type(trainer.scaler).__module__}.{type(trainer.scaler).__name__}"
         )
+        ScalerTrainerCallback.attach(trainer)  # ahead of report_to's VisualDL callback
         trainer.train()
+        print_visualdl_log(arguments.logging_dir)
     print(trainer.scaler.stats())
     print("parameters finite:", all(bool(paddle.isfinite(p).all()) for p in model.parameters()))
     clean = Samples()
     keep = np.setdiff1d(np.arange(len(clean)), POISONED)
     loss, _ = model(paddle.to_tensor(clean.x[keep]), paddle.to_tensor(clean.y[keep]))
     print(f"loss on the clean samples after training: {float(loss):.4f}")
+
+
+def print_visualdl_log(folder):
+    """The loss scale and the skips as VisualDL recorded them, from its own log file."""
+    (name,) = (n for _, _, names in os.walk(folder) for n in names if n.startswith("vdlrecords"))
+    (path,) = (os.path.join(d, name) for d, _, names in os.walk(folder) if name in names)
+    reader = LogReader(file_path=path)
+    for tag in ("train/loss_scale", "train/skipped_steps", "train/skip_streak"):
+        points = reader.get_data("scalar", tag)
+        print(f"VisualDL {tag}: " + ", ".join(f"{p.id}: {p.value:g}" for p in points))
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ from paddle_amp_scaler import (
     read_checkpoint,
     save_checkpoint,
 )
+from paddle_amp_scaler.integrations import log_stats
 from paddle_amp_scaler.testing import emulate_fp16_grads
 
 CHECKPOINT_NAME = "digits.ckpt"
@@ -103,6 +104,12 @@ def parse_args(argv=None):
     )
     parser.add_argument(
         "--seed", type=int, default=0, help="seed for weights and data order (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--visualdl-dir",
+        default="vdl_digits",
+        help="VisualDL log of the loss, the scale and the skips, '' for none (default: "
+        "%(default)s; look at it with: visualdl --logdir %(default)s)",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
@@ -223,6 +230,7 @@ def main(argv=None):
         os.makedirs(args.ckpt_dir, exist_ok=True)
     last = total_steps if args.stop_after is None else min(args.stop_after, total_steps)
 
+    writer = visualdl_writer(args.visualdl_dir)
     started = time.perf_counter()
     progress = tqdm(
         range(start, last),
@@ -260,7 +268,14 @@ def main(argv=None):
                 step=done,
                 extra={"history": history},
             )
+        if writer is not None:
+            writer.add_scalar("train/loss", history["loss"][-1], done)
+            if done % 10 == 0 or done == last:
+                # Beside the loss: train/loss_scale, train/skipped, train/skip_streak, ...
+                log_stats(writer, scaler, done, prefix="train/")
     progress.close()
+    if writer is not None:
+        writer.close()
     elapsed = time.perf_counter() - started
 
     if last < total_steps:
@@ -274,8 +289,21 @@ def main(argv=None):
         f"| final scale {scaler.get_loss_scaling():.0f} | {elapsed:.1f}s on "
         f"{'GPU' if on_gpu else 'CPU'}{' (fp16 emulated)' if emulate else ''}"
         + (f" | figure {args.plot}" if args.plot else "")
+        + (f" | VisualDL log {args.visualdl_dir}" if writer is not None else "")
     )
     return test_accuracy
+
+
+def visualdl_writer(folder):
+    """VisualDL's LogWriter into ``folder``; None for '' or where VisualDL is missing."""
+    if not folder:
+        return None
+    try:
+        from visualdl import LogWriter
+    except ImportError:
+        print("VisualDL is not installed (pip install visualdl): no log written")
+        return None
+    return LogWriter(logdir=folder)
 
 
 if __name__ == "__main__":

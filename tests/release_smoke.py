@@ -18,6 +18,7 @@ PUBLIC_MODULES = [
     "paddle_amp_scaler",
     "paddle_amp_scaler.compat.torch",
     "paddle_amp_scaler.compat.mindspore",
+    "paddle_amp_scaler.integrations",
     "paddle_amp_scaler.rule",
     "paddle_amp_scaler.testing",
 ]

@@ -65,19 +65,27 @@ def digits():
 
 
 def test_default_run_reaches_95_percent_and_draws_the_figure(digits, tmp_path, capsys):
-    figure = tmp_path / "training.png"
-    accuracy = digits.main(["--no-progress", "--plot", str(figure)])
+    figure, logs = tmp_path / "training.png", tmp_path / "vdl"
+    accuracy = digits.main(["--no-progress", "--plot", str(figure), "--visualdl-dir", str(logs)])
     assert accuracy >= 0.95
     assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     out = capsys.readouterr().out
     skipped = int(out.split("skipped steps ")[1].split()[0])
     assert skipped >= 1, "the default CPU run should show overflow and back-off"
+    # The VisualDL log: the loss every step, the scaler's numbers every tenth.
+    visualdl = pytest.importorskip("visualdl", reason="VisualDL is the integrations extra")
+    (name,) = os.listdir(logs)
+    reader = visualdl.LogReader(file_path=str(logs / name))
+    assert {"train/loss", "train/loss_scale", "train/skipped"} <= set(reader.get_tags()["scalar"])
+    assert len(reader.get_data("scalar", "train/loss")) == 660
+    assert reader.get_data("scalar", "train/skipped")[-1].value == skipped
 
 
 def test_resumed_run_ends_with_the_uninterrupted_parameters(digits, tmp_path):
     from paddle_amp_scaler import read_checkpoint
 
-    common = ["--no-progress", "--plot", "", "--epochs", "3", "--ckpt-every", "10"]
+    common = ["--no-progress", "--plot", "", "--visualdl-dir", ""]
+    common += ["--epochs", "3", "--ckpt-every", "10"]
     digits.main(common + ["--ckpt-dir", str(tmp_path / "straight")])
     assert digits.main(common + ["--ckpt-dir", str(tmp_path / "cut"), "--stop-after", "35"]) is None
     assert read_checkpoint(tmp_path / "cut" / "digits.ckpt").step == 35
@@ -107,12 +115,13 @@ def test_help_documents_every_flag():
         "--stop-after",
         "--plot",
         "--seed",
+        "--visualdl-dir",
         "--no-progress",
     ):
         assert flag in result.stdout
     # Each default said once, and none for a flag that has none.
     help_text = " ".join(result.stdout.split())
-    assert help_text.count("(default") == 9 and "(default: None)" not in help_text
+    assert help_text.count("(default") == 10 and "(default: None)" not in help_text
     assert ") (default" not in help_text
 
 
@@ -131,6 +140,16 @@ def test_bad_flags_give_a_clear_error(args, message):
     assert result.returncode == 2 and message in result.stderr
 
 
+def test_the_paddle_model_example_shows_the_scale_in_its_progress_bar_and_visualdl(tmp_path):
+    pytest.importorskip("visualdl", reason="VisualDL is the integrations extra")
+    result = run_example("model_fit_visualdl", "--logdir", str(tmp_path))
+    assert result.returncode == 0, result.stderr[-3000:]
+    bar = [line for line in result.stdout.splitlines() if line.startswith("step ")]
+    assert bar and all("loss_scale: " in line and "skipped: " in line for line in bar)
+    assert "VisualDL train/loss_scale: 6 points" in result.stdout
+    assert "VisualDL train/skipped: 6 points" in result.stdout
+
+
 def test_paddleformers_trainer_trains_on_our_scaler_after_install():
     """Runs only where PaddleFormers is installed (not in this project's test environment:
     it pins NumPy and PyArrow versions of its own)."""
@@ -139,3 +158,5 @@ def test_paddleformers_trainer_trains_on_our_scaler_after_install():
     assert result.returncode == 0, result.stderr[-3000:]
     assert "the Trainer built paddle_amp_scaler.scaler.GradScaler" in result.stdout
     assert "skipped=5," in result.stdout and "parameters finite: True" in result.stdout
+    # Attached ahead of report_to's VisualDL callback: its log holds the scaler's numbers.
+    assert "VisualDL train/skipped_steps: 10: 1, 20: 2, 30: 4, 40: 5" in result.stdout

@@ -115,7 +115,7 @@ def test_a_newcomer_trains_skips_and_resumes_outside_the_checkout(release, tmp_p
     assert report["version"] == paddle_amp_scaler.__version__
     assert report["unscale_paths"][0] == "paddle"
     assert report["default_path"] in report["unscale_paths"]
-    assert len(report["imported"]) == 5 and len(report["names"]) == 7
+    assert len(report["imported"]) == 6 and len(report["names"]) == 7
     assert report["skip_left_parameters_unchanged"] is True
     assert report["stats"] == {"iterations": 4, "skipped": 1}
     assert report["scale"] == 512.0

@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """The outputs the documentation shows, regenerated from the code that prints them.
 
-A page marks each such block with the command that made it and the Paddle it ran on:
+A page marks each such block with the command that made it and the Paddle it ran on
+(", stdout" after the version: the command's standard output alone):
 
     <!-- output: python examples/monitor_a_run.py (Paddle 3.3.1) -->
     ```text
@@ -10,9 +11,9 @@ A page marks each such block with the command that made it and the Paddle it ran
 
 `make docs-output` reruns every command, from the repository's root, and writes its
 output (stdout and stderr, as a terminal shows them) into the block. With `--check` it
-writes nothing and fails where a block differs from a fresh run on the same Paddle; a
-block recorded on another Paddle, or whose command cannot run here (an optional library
-missing), is reported and left alone.
+writes nothing and fails where a block differs from a fresh run on the same Paddle
+(timings aside); a block recorded on another Paddle, or whose command cannot run here (an
+optional library missing), is reported and left alone.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ import warnings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MARKED = re.compile(
-    r"<!-- output: (?P<command>python [^\n]+?) \(Paddle (?P<paddle>[\w.]+)\) -->\n"
+    r"<!-- output: (?P<command>python [^\n]+?) "
+    r"\(Paddle (?P<paddle>[\w.]+)(?P<stdout>, stdout)?\) -->\n"
     r"```text\n(?P<body>.*?)```",
     re.S,
 )
@@ -36,7 +38,7 @@ def pages() -> list[str]:
     return [os.path.join(ROOT, "README.md")] + sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))
 
 
-def run(command: str) -> subprocess.CompletedProcess[str]:
+def run(command: str, stdout_only: bool) -> subprocess.CompletedProcess[str]:
     arguments = [sys.executable, *command.split()[1:]]
     environment = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
     return subprocess.run(
@@ -44,10 +46,18 @@ def run(command: str) -> subprocess.CompletedProcess[str]:
         cwd=ROOT,
         env=environment,
         stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
+        stderr=subprocess.PIPE if stdout_only else subprocess.STDOUT,
         text=True,
         timeout=600,
     )
+
+
+# Timings (paddle.Model's progress bar prints "3ms/step") differ from run to run.
+TIMING = re.compile(r"\b\d+(?:\.\d+)?(?:ms|us|s)/step\b")
+
+
+def untimed(output: str) -> str:
+    return TIMING.sub("<time>/step", output)
 
 
 def paddle_version() -> str:
@@ -70,14 +80,16 @@ def refresh(page: str, check: bool) -> list[str]:
         if check and match["paddle"] != version:
             print(f"{name}: `{command}` was recorded on Paddle {match['paddle']}; not compared")
             return match[0]
-        result = run(command)
+        result = run(command, bool(match["stdout"]))
         if result.returncode != 0:
-            print(f"{name}: `{command}` cannot run here, left as it was:\n{result.stdout[-500:]}")
+            reason = (result.stderr or result.stdout or "")[-500:]
+            print(f"{name}: `{command}` cannot run here, left as it was:\n{reason}")
             return match[0]
         output = "\n".join(line.rstrip() for line in result.stdout.strip().splitlines())
-        if check and output != match["body"].strip():
+        if check and untimed(output) != untimed(match["body"].strip()):
             problems.append(f"{name}: the output of `{command}` is not what the page shows")
-        return f"<!-- output: {command} (Paddle {version}) -->\n```text\n{output}\n```"
+        recorded = f"Paddle {version}{match['stdout'] or ''}"
+        return f"<!-- output: {command} ({recorded}) -->\n```text\n{output}\n```"
 
     updated = MARKED.sub(replace, text)
     if not check and updated != text:

@@ -1,0 +1,206 @@
+"""The scaler's numbers where users already look: VisualDL or TensorBoard, the progress bar
+of ``paddle.Model``, the logs of PaddleFormers' and PaddleNLP's ``Trainer``.
+
+Each logged step reads the device once (``stats()``), and no other step reads at all.
+Neither VisualDL, tensorboardX, PaddleFormers nor PaddleNLP is a dependency: each is
+reached by its own conventions.
+
+- ``log_stats(writer, scaler, step)`` calls ``writer.add_scalar(tag, value, step)``, the
+  call VisualDL's ``LogWriter`` and tensorboardX's ``SummaryWriter`` share.
+- ``ScalerCallback`` is a ``paddle.callbacks.Callback``. ``paddle.Model.fit`` puts its
+  ``ProgBarLogger`` ahead of the user's callbacks and hands every callback the same
+  ``logs`` dict at a step's beginning and end, and ``ProgBarLogger`` and
+  ``paddle.callbacks.VisualDL`` show the keys listed in the shared ``params["metrics"]``.
+  So the callback adds its two keys to that list when training begins, and writes their
+  values into ``logs`` at the *beginning* of each step that is logged (and takes them
+  out at the others): every callback's step end sees them, whatever the order of the
+  list. They are therefore the scale the logged step ran with, and the iterations
+  skipped before it. Which steps are logged is the ``ProgBarLogger``'s ``log_freq``,
+  found in the list that calls the callback (or given as ``log_freq=``), and the last
+  step of each epoch, which the progress bar prints when the epoch ends.
+- ``ScalerTrainerCallback`` speaks the ``TrainerCallback`` protocol (an ``on_<event>``
+  method per event; the ``Trainer`` calls them in list order with the same ``logs``
+  dict). A Trainer registers its ``report_to`` integrations (VisualDL, TensorBoard,
+  wandb) before any callback of the user's, so ``attach(trainer)`` puts one at the head
+  of the Trainer's list, where every other ``on_log`` sees what it added. The Trainer's
+  scaler is its ``scaler`` attribute, found from the Trainer that is calling.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterator
+from typing import Any
+
+import paddle
+
+from .scaler import AmpScaler
+from .statistics import ScalerStats
+
+__all__ = ["ScalerCallback", "ScalerTrainerCallback", "log_stats"]
+
+# The default of paddle.Model.fit(log_freq=...), where no ProgBarLogger says otherwise.
+_FIT_LOG_FREQ = 10
+
+
+def _read(scaler: Any) -> tuple[float, ScalerStats | None]:
+    """The scale and, for this package's scalers, the statistics: one read of the device.
+    A disabled scaler is scale 1.0 and no skip; Paddle's own scaler has no statistics."""
+    if isinstance(scaler, AmpScaler):
+        stats = scaler.stats()
+        return stats.scale, stats
+    if not scaler.is_enable():
+        return 1.0, None
+    # Paddle's scaler has no getter for its current scale; its own trainers read _scale.
+    return float(scaler._scale.numpy().reshape(-1)[0]), None
+
+
+def log_stats(writer: Any, scaler: Any, step: int, prefix: str = "amp/") -> ScalerStats | None:
+    """Write ``loss_scale``, ``skipped`` (cumulative), ``skip_streak``, ``growths`` and
+    ``backoffs`` through ``writer.add_scalar(prefix + name, value, step)``: one read of
+    the device. Returns the ``ScalerStats`` written; with Paddle's own scaler, which
+    counts nothing, only ``loss_scale`` is written and None returned."""
+    scale, stats = _read(scaler)
+    values: dict[str, float] = {"loss_scale": scale}
+    if stats is not None:
+        values.update(
+            skipped=stats.skipped,
+            skip_streak=stats.skip_streak,
+            growths=stats.growths,
+            backoffs=stats.backoffs,
+        )
+    for name, value in values.items():
+        writer.add_scalar(prefix + name, value, step)
+    return stats
+
+
+class ScalerCallback(paddle.callbacks.Callback):  # type: ignore[misc]
+    """Puts ``loss_scale`` and ``skipped`` in ``paddle.Model.fit``'s logs at each logged
+    step, so that its progress bar prints them and ``paddle.callbacks.VisualDL`` writes
+    them (``train/loss_scale``, ``train/skipped``), in any order of the callbacks.
+
+    ``scaler``: the scaler to read, else the one the model trains with (the one
+    ``paddle.Model`` builds under ``amp_configs``: this package's after ``install()``).
+    ``log_freq``: the steps to read at, else those the ``ProgBarLogger`` prints.
+    """
+
+    KEYS = ("loss_scale", "skipped")
+
+    def __init__(self, scaler: Any = None, *, log_freq: int | None = None) -> None:
+        super().__init__()
+        self._scaler = scaler
+        self._given_log_freq = log_freq
+        self._log_freq = log_freq or _FIT_LOG_FREQ
+
+    def on_train_begin(self, logs: Any = None) -> None:
+        metrics = self.params.setdefault("metrics", [])
+        metrics.extend(key for key in self.KEYS if key not in metrics)
+        if self._given_log_freq is None:
+            self._log_freq = _progress_log_freq() or _FIT_LOG_FREQ
+
+    def on_train_batch_begin(self, step: int, logs: Any = None) -> None:
+        if logs is None:
+            return
+        # The progress bar prints every log_freq-th step and, at the epoch's end, the
+        # last one. Elsewhere the keys go: the logs dict lives on from step to step, and
+        # paddle.callbacks.VisualDL writes whatever it holds at every step.
+        if (step + 1) % self._log_freq and step + 1 != self.params.get("steps"):
+            for key in self.KEYS:
+                logs.pop(key, None)
+            return
+        scaler = self._scaler if self._scaler is not None else _model_scaler(self.model)
+        if scaler is None:
+            return  # paddle.Model builds its scaler in the first step
+        scale, stats = _read(scaler)
+        logs["loss_scale"] = scale
+        if stats is not None or not scaler.is_enable():
+            logs["skipped"] = stats.skipped if stats is not None else 0
+
+
+def _model_scaler(model: Any) -> Any:
+    """The scaler ``paddle.Model`` trains with: its ``_scaler``, built at the first step
+    under ``amp_configs``; without AMP, a stand-in for no loss scaling."""
+    scaler = getattr(model, "_scaler", None)
+    if scaler is None and getattr(getattr(model, "_adapter", None), "_amp_level", "O0") == "O0":
+        return _NO_SCALING
+    return scaler
+
+
+class _NoScaling:
+    """A model that trains without loss scaling: scale 1.0, nothing skipped."""
+
+    def is_enable(self) -> bool:
+        return False
+
+
+_NO_SCALING = _NoScaling()
+
+
+def _calling_frames() -> Iterator[Any]:
+    frame = inspect.currentframe()
+    while frame is not None:
+        yield frame
+        frame = frame.f_back
+
+
+def _progress_log_freq() -> int | None:
+    """The ``log_freq`` of the ``ProgBarLogger`` in the callback list that is calling."""
+    for frame in _calling_frames():
+        listed = getattr(frame.f_locals.get("self"), "callbacks", None)
+        if isinstance(listed, list):
+            for callback in listed:
+                if isinstance(callback, paddle.callbacks.ProgBarLogger):
+                    return int(callback.log_freq)
+            return None
+    return None
+
+
+class ScalerTrainerCallback:
+    """A ``TrainerCallback`` for PaddleFormers' and PaddleNLP's ``Trainer``: every log the
+    Trainer makes while it trains with loss scaling carries ``loss_scale`` (float),
+    ``skipped_steps`` and ``skip_streak`` (ints), as they stand after that log's step.
+
+    Listed in ``Trainer(callbacks=[...])``, it reaches the callbacks listed after it;
+    ``ScalerTrainerCallback.attach(trainer)`` puts one ahead of every callback, the
+    ``report_to`` integrations included. ``scaler``: the one to read, else the Trainer's.
+    """
+
+    def __init__(self, scaler: Any = None) -> None:
+        self._scaler = scaler
+
+    @classmethod
+    def attach(cls, trainer: Any, scaler: Any = None) -> ScalerTrainerCallback:
+        """A new callback at the head of ``trainer``'s callbacks, returned."""
+        callback = cls(scaler)
+        trainer.callback_handler.callbacks.insert(0, callback)
+        return callback
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
+        scaler = self._scaler if self._scaler is not None else _trainer_scaler(self)
+        if logs is None or scaler is None:
+            return  # no loss scaling: nothing to add
+        scale, stats = _read(scaler)
+        logs["loss_scale"] = scale
+        if stats is not None or not scaler.is_enable():
+            logs["skipped_steps"] = stats.skipped if stats is not None else 0
+            logs["skip_streak"] = stats.skip_streak if stats is not None else 0
+
+    def __getattr__(self, name: str) -> Any:
+        # The Trainer calls every event on every callback; this one acts on on_log only.
+        if name.startswith("on_"):
+            return _ignore_event
+        raise AttributeError(name)
+
+
+def _ignore_event(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+def _trainer_scaler(callback: ScalerTrainerCallback) -> Any:
+    """The ``scaler`` of the Trainer whose callback handler is calling ``callback``."""
+    for frame in _calling_frames():
+        trainer = frame.f_locals.get("self")
+        handler = getattr(trainer, "callback_handler", None)
+        if callback in getattr(handler, "callbacks", ()):
+            return getattr(trainer, "scaler", None)
+    return None
