@@ -36,6 +36,7 @@ import paddle
 
 from .scaler import AmpScaler
 from .statistics import ScalerStats
+from .validation import check_period
 
 __all__ = ["ScalerCallback", "ScalerTrainerCallback", "log_stats"]
 
@@ -89,8 +90,8 @@ class ScalerCallback(paddle.callbacks.Callback):  # type: ignore[misc]
     def __init__(self, scaler: Any = None, *, log_freq: int | None = None) -> None:
         super().__init__()
         self._scaler = scaler
-        self._given_log_freq = log_freq
-        self._log_freq = log_freq or _FIT_LOG_FREQ
+        self._given_log_freq = None if log_freq is None else check_period(log_freq, "log_freq")
+        self._log_freq = self._given_log_freq or _FIT_LOG_FREQ
 
     def on_train_begin(self, logs: Any = None) -> None:
         metrics = self.params.setdefault("metrics", [])

@@ -209,6 +209,12 @@ def test_paddles_own_scaler_or_none_logs_scale_one_and_never_raises(amp, capsys)
     assert lines and all("loss_scale: 1.0000" in line and "skipped: 0 " in line for line in lines)
 
 
+@pytest.mark.parametrize("log_freq", [0, -5, 2.5, "10"])
+def test_a_log_freq_that_is_no_step_count_is_refused(log_freq):
+    with pytest.raises((ValueError, TypeError), match="log_freq"):
+        ScalerCallback(log_freq=log_freq)
+
+
 def test_a_given_scaler_and_log_freq_are_used(capsys):
     scaler = GradScaler(init_loss_scaling=8.0)
     fit([ScalerCallback(scaler, log_freq=4)], steps=8, log_freq=4)
