@@ -26,70 +26,73 @@ def ratio(value: float | None) -> str:
     return "n/a" if value is None else f"**{value:.2f}**"
 
 
+def markdown(header: list[str], alignments: list[str], rows: list[list[str]]) -> list[str]:
+    """A Markdown table: the header, its alignment row (``---`` or ``---:``), the rows."""
+    return ["| " + " | ".join(cells) + " |" for cells in [header, alignments, *rows]]
+
+
 def overhead_table(results: dict) -> list[str]:
-    lines = [
-        "| workload (tensors x params) | optimizer | native step+update | ours step+update "
-        "| ratio | native minimize | ours minimize | ratio | floor | reads native | reads ours |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |",
-    ]
+    header = [
+        "workload (tensors x params)", "optimizer", "native step+update", "ours step+update",
+        "ratio", "native minimize", "ours minimize", "ratio", "floor", "reads native",
+        "reads ours",
+    ]  # fmt: skip
+    rows = []
     for run in results["runs"]:
         impls, ratios = run["impls"], run["ratios"]
         ms = {name: f"{impl['overhead_ms']:.2f}" for name, impl in impls.items()}
-        lines.append(
-            f"| {run['workload']} | {run['optimizer']} | {ms['native-step']} | "
-            f"{ms['ours-step']} | {ratio(ratios['step'])} | {ms['native-minimize']} | "
-            f"{ms['ours-minimize']} | {ratio(ratios['minimize'])} | {ms['floor']} | "
-            f"{reads(impls['native-step'])} | {reads(impls['ours-step'])} |"
-        )
-    return lines
+        rows.append([
+            run["workload"], run["optimizer"], ms["native-step"], ms["ours-step"],
+            ratio(ratios["step"]), ms["native-minimize"], ms["ours-minimize"],
+            ratio(ratios["minimize"]), ms["floor"], reads(impls["native-step"]),
+            reads(impls["ours-step"]),
+        ])  # fmt: skip
+    return markdown(header, ["---"] * 2 + ["---:"] * 7 + ["---"] * 2, rows)
 
 
 def before_after_table(results: dict) -> list[str]:
-    lines = [
-        "| workload | optimizer | before: step | after: step | before: minimize | "
-        "after: minimize |",
-        "| --- | --- | ---: | ---: | ---: | ---: |",
-    ]
+    header = [
+        "workload", "optimizer", "before: step", "after: step", "before: minimize",
+        "after: minimize",
+    ]  # fmt: skip
+    rows = []
     for run in results["runs"]:
         ratios = {kind: ratio(value) for kind, value in run["ratios"].items()}
-        lines.append(
-            f"| {run['workload']} | {run['optimizer']} | {ratios['before step']} | "
-            f"{ratios['step']} | {ratios['before minimize']} | {ratios['minimize']} |"
-        )
-    return lines
+        rows.append([
+            run["workload"], run["optimizer"], ratios["before step"], ratios["step"],
+            ratios["before minimize"], ratios["minimize"],
+        ])  # fmt: skip
+    return markdown(header, ["---"] * 2 + ["---:"] * 4, rows)
 
 
 def options_table(results: dict) -> list[str]:
-    header = " | ".join(title for title, _ in OPTION_COLUMNS)
-    lines = [
-        f"| workload | optimizer | ours step+update | {header} | native |",
-        "| --- | --- | ---: |" + " ---: |" * len(OPTION_COLUMNS) + " ---: |",
-    ]
+    header = ["workload", "optimizer", "ours step+update"]
+    header += [title for title, _ in OPTION_COLUMNS] + ["native"]
+    rows = []
     for run in results["runs"]:
-        impls = run["impls"]
-        cells = [f"{impls[name]['overhead_ms']:.2f}" for _, name in OPTION_COLUMNS]
-        lines.append(
-            f"| {run['workload']} | {run['optimizer']} | "
-            f"{impls['ours-step']['overhead_ms']:.2f} | {' | '.join(cells)} | "
-            f"{impls['native-step']['overhead_ms']:.2f} |"
+        ms = {name: f"{impl['overhead_ms']:.2f}" for name, impl in run["impls"].items()}
+        options = [ms[name] for _, name in OPTION_COLUMNS]
+        rows.append(
+            [run["workload"], run["optimizer"], ms["ours-step"], *options, ms["native-step"]]
         )
-    return lines
+    return markdown(header, ["---"] * 2 + ["---:"] * (len(header) - 2), rows)
 
 
 def unscale_table(results: dict) -> list[str]:
-    lines = [
-        "| workload | gradient bytes | NumPy multiply | ours | x NumPy | native | x NumPy | copy |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
-    ]
+    header = [
+        "workload", "gradient bytes", "NumPy multiply", "ours", "x NumPy", "native", "x NumPy",
+        "copy",
+    ]  # fmt: skip
+    rows = []
     for bandwidth in results["bandwidth"]:
         passes = bandwidth["passes"]
-        lines.append(
-            f"| {bandwidth['workload']} | {bandwidth['grad_bytes'] / 1e6:.0f} MB | "
-            f"{passes['numpy']['median_ms']:.3f} ms | {passes['ours']['median_ms']:.3f} ms | "
-            f"**{passes['ours']['vs_numpy']:.2f}** | {passes['native']['median_ms']:.3f} ms | "
-            f"{passes['native']['vs_numpy']:.2f} | {passes['copy']['median_ms']:.3f} ms |"
-        )
-    return lines
+        ms = {name: f"{timed['median_ms']:.3f} ms" for name, timed in passes.items()}
+        rows.append([
+            bandwidth["workload"], f"{bandwidth['grad_bytes'] / 1e6:.0f} MB", ms["numpy"],
+            ms["ours"], f"**{passes['ours']['vs_numpy']:.2f}**", ms["native"],
+            f"{passes['native']['vs_numpy']:.2f}", ms["copy"],
+        ])  # fmt: skip
+    return markdown(header, ["---"] + ["---:"] * 7, rows)
 
 
 def main(argv: list[str]) -> int:

@@ -133,6 +133,9 @@ class AmpScaler(StateAccess, TensorsOnHost):
             # build nor its self-check lands inside a training step.
             kernels.default_unscale_path(self._scale.place)
 
+    # What a repr leaves out: each option at the value the constructor gives it by default.
+    _option_defaults = validation.keyword_defaults(__init__)
+
     # -- the training step ------------------------------------------------------------
 
     def scale(self, var: Tensor) -> Tensor:
@@ -330,37 +333,6 @@ class AmpScaler(StateAccess, TensorsOnHost):
             )
         self._run.count_pending()
         return super().__getstate__()
-
-    def __repr__(self) -> str:
-        """The scale, counters, ratios and periods (reads the device), then each option
-        that differs from its default."""
-        if not self._enable:
-            return f"{type(self).__name__}(enable=False)"
-        options = {
-            "use_dynamic_loss_scaling": self._use_dynamic_loss_scaling,
-            "min_loss_scaling": self._policy.min_scale,
-            "max_loss_scaling": self._policy.max_scale,
-            "stuck_after": self._stuck_policy.stuck_after,
-            "on_stuck": self._stuck_policy.on_stuck,
-            "report_overflows": self._overflows is not None,
-            "group": self._sync.group,
-            "sync_found_inf": self._sync.enabled,
-        }
-        defaults = validation.keyword_defaults(AmpScaler.__init__)
-        fields = self._repr_fields()
-        fields.update({key: value for key, value in options.items() if value != defaults[key]})
-        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in fields.items())})"
-
-    def _repr_fields(self) -> dict[str, Any]:
-        return {
-            "scale": self.get_loss_scaling(),
-            "incr_count": self.get_incr_count(),
-            "decr_count": self.get_decr_count(),
-            "incr_ratio": self._policy.incr_ratio,
-            "decr_ratio": self._policy.decr_ratio,
-            "incr_every_n_steps": self._policy.incr_every_n_steps,
-            "decr_every_n_nan_or_inf": self._policy.decr_every_n_nan_or_inf,
-        }
 
     # -- diagnostics ------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""A scaler's state between steps: Paddle's getters, setters and ``state_dict``.
+"""A scaler's state between steps: Paddle's getters, setters, ``state_dict`` and repr.
 
 ``StateAccess`` reads and writes the scale, its counters, its policy and the statistics,
 each read a device sync (outside a step, where the scaler itself never reads). Two
@@ -11,14 +11,18 @@ from __future__ import annotations
 import dataclasses
 import warnings
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import paddle
 from paddle import Tensor
 
 from . import kernels, rule, validation
-from .statistics import RunStatistics, ScalerStats, parse_stats_state
+from .statistics import RunStatistics, ScalerStats, StuckPolicy, parse_stats_state
+
+if TYPE_CHECKING:
+    from .distributed import FoundInfSync
+    from .overflow_report import OverflowRecorder
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,8 +156,8 @@ def _check_scale_value(value: Any, name: str) -> float:
 
 
 class StateAccess:
-    """Paddle's getters and setters, ``stats`` and ``state_dict`` of a scaler, over the
-    tensors and settings its constructor made."""
+    """Paddle's getters and setters, ``stats``, ``state_dict`` and the repr of a scaler,
+    over the tensors and settings its constructor made."""
 
     _enable: bool
     _use_dynamic_loss_scaling: bool
@@ -163,6 +167,10 @@ class StateAccess:
     _incr_count: Tensor
     _decr_count: Tensor
     _run: RunStatistics
+    _stuck_policy: StuckPolicy
+    _overflows: OverflowRecorder | None
+    _sync: FoundInfSync
+    _option_defaults: dict[str, Any]
 
     def stats(self) -> ScalerStats:
         """The run so far: iterations, skipped ones, the current skip streak, the last
@@ -307,6 +315,40 @@ class StateAccess:
         self._use_dynamic_loss_scaling = loaded.use_dynamic_loss_scaling
         if loaded.stats is not None:
             self._run.load(loaded.stats)
+
+    # -- repr ------------------------------------------------------------------------
+
+    def __repr__(self) -> str:
+        """The scale, counters, ratios and periods (reads the device), then each option
+        that differs from its default."""
+        if not self._enable:
+            return f"{type(self).__name__}(enable=False)"
+        options = {
+            "use_dynamic_loss_scaling": self._use_dynamic_loss_scaling,
+            "min_loss_scaling": self._policy.min_scale,
+            "max_loss_scaling": self._policy.max_scale,
+            "stuck_after": self._stuck_policy.stuck_after,
+            "on_stuck": self._stuck_policy.on_stuck,
+            "report_overflows": self._overflows is not None,
+            "group": self._sync.group,
+            "sync_found_inf": self._sync.enabled,
+        }
+        fields = self._repr_fields()
+        fields.update(
+            {key: value for key, value in options.items() if value != self._option_defaults[key]}
+        )
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in fields.items())})"
+
+    def _repr_fields(self) -> dict[str, Any]:
+        return {
+            "scale": self.get_loss_scaling(),
+            "incr_count": self.get_incr_count(),
+            "decr_count": self.get_decr_count(),
+            "incr_ratio": self._policy.incr_ratio,
+            "decr_ratio": self._policy.decr_ratio,
+            "incr_every_n_steps": self._policy.incr_every_n_steps,
+            "decr_every_n_nan_or_inf": self._policy.decr_every_n_nan_or_inf,
+        }
 
 
 def _read_number(tensor: Tensor) -> float:

@@ -81,16 +81,14 @@ def test_log_stats_of_a_disabled_scaler_and_of_paddles_own(monkeypatch):
     assert writer.scalars == [("amp/loss_scale", 64.0, 3)]
 
 
-def test_log_stats_into_visualdl_reads_back():
+def test_log_stats_into_visualdl_reads_back(tmp_path):
     visualdl = pytest.importorskip("visualdl", reason="VisualDL is the integrations extra")
     scaler = trained(GradScaler(init_loss_scaling=1024.0))
-    import tempfile
-
-    folder = tempfile.mkdtemp()
-    with visualdl.LogWriter(logdir=folder) as writer:
+    with visualdl.LogWriter(logdir=str(tmp_path)) as writer:
         for step in range(3):
             log_stats(writer, scaler, step)
-    reader = visualdl.LogReader(file_path=os.path.join(folder, os.listdir(folder)[0]))
+    (name,) = os.listdir(tmp_path)
+    reader = visualdl.LogReader(file_path=str(tmp_path / name))
     assert {f"amp/{tag}" for tag in STATS_TAGS} <= set(reader.get_tags()["scalar"])
     assert [point.value for point in reader.get_data("scalar", "amp/skipped")] == [3, 3, 3]
 
