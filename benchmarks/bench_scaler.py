@@ -596,6 +596,18 @@ def gradients_to_unscale(params):
     return grads_of(params)
 
 
+def ours_unscale(grads, scale, all_finite):
+    """Ours' unscale-and-check on the path a scaler built here now takes: each scaler holds
+    its path since 0.3 (the path of the place, or of using_unscale_path()); before, one
+    module function looked the path up at every call."""
+    by_name = getattr(kernels, "by_name", None)
+    if by_name is None:
+        return kernels.unscale_and_check_(grads, scale, all_finite)
+    return by_name(kernels.default_unscale_path(scale.place)).unscale_and_check_(
+        grads, scale, all_finite
+    )
+
+
 def multiply_in_place(arrays, factor):
     for array in arrays:
         np.multiply(array, factor, out=array)
@@ -618,9 +630,7 @@ def measure_unscale_bandwidth(workload, params, args, rng) -> dict:
     passes = {
         "copy": lambda: copy_all(grads, copies),
         "numpy": lambda: multiply_in_place(arrays, np.float32(1.0)),
-        "ours": lambda: kernels.unscale_and_check_(
-            gradients_to_unscale(params), unit_scale, nothing_to_check
-        ),
+        "ours": lambda: ours_unscale(gradients_to_unscale(params), unit_scale, nothing_to_check),
         "native": lambda: _legacy_C_ops.check_finite_and_unscale(
             grads, unit_scale, grads, native_found
         ),

@@ -5,6 +5,7 @@ Paddle runs (CPU included), keep the scale and counters on the device, and skip 
 with inf/nan gradients without changing any parameter or optimizer state.
 """
 
+import sys
 import warnings
 
 try:
@@ -20,15 +21,19 @@ except ImportError as error:  # pragma: no cover - depends on the environment
         "(the GPU build; see paddlepaddle.org.cn for the one that fits your CUDA)"
     ) from error
 
+from . import _moved
 from ._version import __version__
 from .autocast import amp_guard, auto_cast, custom_bwd, custom_fwd, decorate
 from .checkpoint import CheckpointError, load_checkpoint, read_checkpoint, save_checkpoint
+from .compat.keras import LossScaleOptimizer
+from .core.overflow_report import OverflowEntry
+from .core.scaler import AmpScaler, GradScaler
+from .core.statistics import ScalerStats
+from .core.stuck import LossScaleStuckError
+from .core.validation import UnknownArgumentError
 from .install import install, uninstall
-from .loss_scale_optimizer import LossScaleOptimizer
-from .overflow_report import OverflowEntry
-from .scaler import AmpScaler, GradScaler
-from .statistics import LossScaleStuckError, ScalerStats
-from .validation import UnknownArgumentError
+
+_moved.register(sys.modules[__name__])
 
 __all__ = [
     "__version__",

@@ -5,8 +5,8 @@ that fluid-era code imports: signatures and behaviour are Paddle's.
 
 ``custom_fwd``/``custom_bwd`` are what PyTorch offers for ``autograd.Function`` and
 Paddle lacks for ``paddle.autograd.PyLayer``. Paddle runs a PyLayer's backward under
-whatever autocast state is current when ``backward()`` is called (usually none), not
-the state its forward ran under; these decorators record the one and restore it.
+whatever autocast mode is current when ``backward()`` is called (usually none), not
+the mode its forward ran under; these decorators record the one and restore it.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from . import nested
 __all__ = ["amp_guard", "auto_cast", "custom_bwd", "custom_fwd", "decorate"]
 
 # Where custom_fwd leaves its record on the PyLayer's context for custom_bwd.
-_STATE_ATTR = "_paddle_amp_scaler_autocast"
+_MODE_ATTR = "_paddle_amp_scaler_autocast"
 _DTYPES_ATTR = "_paddle_amp_scaler_input_dtypes"
 # Floating inputs that cast_inputs casts; float64 ones are kept, as PyTorch keeps them.
 _CASTABLE = (paddle.float16, paddle.bfloat16, paddle.float32)
@@ -46,7 +46,7 @@ paddle.jit.ignore_module([sys.modules[__name__]])
 
 
 @dataclasses.dataclass(frozen=True)
-class AutocastState:
+class AutocastMode:
     """Everything Paddle's autocast is: the tracer's level, dtype, op lists, promotion."""
 
     level: Any
@@ -60,8 +60,8 @@ class AutocastState:
         return bool(self.level != core.AmpLevel.O0)
 
     @classmethod
-    def current(cls) -> AutocastState | None:
-        """The dygraph state; None while ``paddle.jit.to_static`` builds a program (no
+    def current(cls) -> AutocastMode | None:
+        """The dygraph mode; None while ``paddle.jit.to_static`` builds a program (no
         tracer then: the program's own AMP passes decide the casts)."""
         tracer = _dygraph_tracer()
         if tracer is None:
@@ -75,13 +75,13 @@ class AutocastState:
             tracer._use_promote,
         )
 
-    def disabled(self) -> AutocastState:
+    def disabled(self) -> AutocastMode:
         return dataclasses.replace(self, level=core.AmpLevel.O0, dtype="float32")
 
     @contextlib.contextmanager
     def entered(self) -> Iterator[None]:
-        """Run under this state; the state that was current comes back on exit."""
-        previous = AutocastState.current()
+        """Run under this mode; the mode that was current comes back on exit."""
+        previous = AutocastMode.current()
         if previous is None:  # no tracer: nothing to enter
             yield
             return
@@ -109,13 +109,13 @@ def custom_fwd(
 ) -> Any:
     """Decorate a PyLayer's ``forward`` (below ``@staticmethod``), bare or called.
 
-    Forward runs under the autocast state of its call, which is recorded for
+    Forward runs under the autocast mode of its call, which is recorded for
     ``custom_bwd``. With ``cast_inputs=dtype`` (any floating dtype, or its name), inside
     an enabled ``auto_cast``, its floating-point Tensor arguments (float64 excepted, as in
     PyTorch; also inside lists, tuples and dicts) are cast to ``dtype`` and forward and
     backward run with autocast off;
     outside ``auto_cast`` nothing is cast. ``device_type`` is accepted for code written
-    for ``torch.amp``: Paddle has one autocast state for every device.
+    for ``torch.amp``: Paddle has one autocast mode for every device.
     """
     cast_dtype = None if cast_inputs is None else _floating_dtype(cast_inputs)
     _check_device_type(device_type)
@@ -126,24 +126,24 @@ def custom_fwd(
 
     @functools.wraps(forward)
     def forward_under_recorded_autocast(ctx: Any, *args: Any, **kwargs: Any) -> Any:
-        state = AutocastState.current()
-        if state is None:
-            setattr(ctx, _STATE_ATTR, _NO_TRACER)
+        mode = AutocastMode.current()
+        if mode is None:
+            setattr(ctx, _MODE_ATTR, _NO_TRACER)
             return forward(ctx, *args, **kwargs)
         # Paddle 2.6 hands backward's results to the inputs as they are (PyTorch casts
         # them): remember the inputs' dtypes, so custom_bwd can give each gradient its own.
         setattr(ctx, _DTYPES_ATTR, _gradient_slots([*args, *kwargs.values()]))
-        if cast_dtype is None or not state.enabled:
-            setattr(ctx, _STATE_ATTR, state)
+        if cast_dtype is None or not mode.enabled:
+            setattr(ctx, _MODE_ATTR, mode)
             return forward(ctx, *args, **kwargs)
-        setattr(ctx, _STATE_ATTR, state.disabled())
+        setattr(ctx, _MODE_ATTR, mode.disabled())
 
         def cast(tensor: Tensor) -> Tensor:
             return tensor.astype(cast_dtype) if tensor.dtype in _CASTABLE else tensor
 
         args = nested.map_tensors(cast, args)
         kwargs = nested.map_tensors(cast, kwargs)
-        with state.disabled().entered():
+        with mode.disabled().entered():
             return forward(ctx, *args, **kwargs)
 
     return forward_under_recorded_autocast
@@ -153,7 +153,7 @@ def custom_bwd(
     backward: Callable[..., Any] | None = None, *, device_type: str | None = None
 ) -> Any:
     """Decorate a PyLayer's ``backward`` (below ``@staticmethod``), bare or called, whose
-    forward has ``@custom_fwd``: backward runs under the autocast state forward recorded,
+    forward has ``@custom_fwd``: backward runs under the autocast mode forward recorded,
     and each gradient it returns gets its input's dtype. ``device_type`` as for
     ``custom_fwd``."""
     _check_device_type(device_type)
@@ -164,16 +164,16 @@ def custom_bwd(
 
     @functools.wraps(backward)
     def backward_under_recorded_autocast(ctx: Any, *grads: Any) -> Any:
-        state = getattr(ctx, _STATE_ATTR, None)
-        if state is None:
+        mode = getattr(ctx, _MODE_ATTR, None)
+        if mode is None:
             raise RuntimeError(
                 f"custom_bwd on {backward.__qualname__}: its forward was not decorated with "
-                "custom_fwd, which records the autocast state for backward; add @custom_fwd "
+                "custom_fwd, which records the autocast mode for backward; add @custom_fwd "
                 "to the forward of the same PyLayer"
             )
-        if state is _NO_TRACER:
+        if mode is _NO_TRACER:
             return backward(ctx, *grads)
-        with state.entered():
+        with mode.entered():
             result = backward(ctx, *grads)
         dtypes = getattr(ctx, _DTYPES_ATTR)
         if isinstance(result, tuple):

@@ -32,8 +32,8 @@ from typing import Any, TypeVar
 import numpy as np
 import paddle
 
-from . import optimizers as optimizer_facts
-from .state import parse_state_dict
+from .core import optimizers as optimizer_facts
+from .core.state_dict import parse_state_dict
 
 FORMAT_VERSION = 1
 _MAGIC = b"PDAMPCK\x00"

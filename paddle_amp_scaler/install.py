@@ -20,7 +20,7 @@ from types import ModuleType
 import paddle.amp
 from paddle.amp import grad_scaler as paddle_grad_scaler
 
-from . import scaler
+from .core import scaler
 
 __all__ = ["install", "installed", "uninstall"]
 

@@ -17,26 +17,31 @@ reached by its own conventions.
   list. They are therefore the scale the logged step ran with, and the iterations
   skipped before it. Which steps are logged is the ``ProgBarLogger``'s ``log_freq``,
   found in the list that calls the callback (or given as ``log_freq=``), and the last
-  step of each epoch, which the progress bar prints when the epoch ends.
+  step of each epoch, which the progress bar prints when the epoch ends. The steps and
+  the metrics come from ``params``, which Paddle's ``CallbackList`` sets.
 - ``ScalerTrainerCallback`` speaks the ``TrainerCallback`` protocol (an ``on_<event>``
   method per event; the ``Trainer`` calls them in list order with the same ``logs``
   dict). A Trainer registers its ``report_to`` integrations (VisualDL, TensorBoard,
   wandb) before any callback of the user's, so ``attach(trainer)`` puts one at the head
-  of the Trainer's list, where every other ``on_log`` sees what it added. The Trainer's
-  scaler is its ``scaler`` attribute, found from the Trainer that is calling.
+  of the Trainer's list, where every other ``on_log`` sees what it added, and keeps the
+  Trainer whose ``scaler`` it reads.
+
+Two facts have no hook: neither ``paddle.Model.fit`` nor the Trainer hands a callback the
+progress bar's ``log_freq`` or the Trainer itself. ``_calling_object`` finds them among
+the callers, the one place this module looks at the stack.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterator
+from collections.abc import Callable
 from typing import Any
 
 import paddle
 
-from .scaler import AmpScaler
-from .statistics import ScalerStats
-from .validation import check_period
+from .core.scaler import AmpScaler
+from .core.statistics import ScalerStats
+from .core.validation import check_period
 
 __all__ = ["ScalerCallback", "ScalerTrainerCallback", "log_stats"]
 
@@ -137,22 +142,28 @@ class _NoScaling:
 _NO_SCALING = _NoScaling()
 
 
-def _calling_frames() -> Iterator[Any]:
+def _calling_object(wanted: Callable[[Any], bool]) -> Any | None:
+    """The first ``self`` among the callers' frames for which ``wanted`` holds, or None.
+
+    Only for what no hook hands a callback: ``paddle.Model.fit`` keeps its progress
+    bar's ``log_freq`` to its ``CallbackList``, and the Trainer's ``CallbackHandler``
+    passes the model and the optimizer but not the Trainer (nor its scaler).
+    """
     frame = inspect.currentframe()
     while frame is not None:
-        yield frame
+        caller = frame.f_locals.get("self")
+        if caller is not None and wanted(caller):
+            return caller
         frame = frame.f_back
+    return None
 
 
 def _progress_log_freq() -> int | None:
     """The ``log_freq`` of the ``ProgBarLogger`` in the callback list that is calling."""
-    for frame in _calling_frames():
-        listed = getattr(frame.f_locals.get("self"), "callbacks", None)
-        if isinstance(listed, list):
-            for callback in listed:
-                if isinstance(callback, paddle.callbacks.ProgBarLogger):
-                    return int(callback.log_freq)
-            return None
+    listing = _calling_object(lambda caller: isinstance(getattr(caller, "callbacks", None), list))
+    for callback in getattr(listing, "callbacks", ()):
+        if isinstance(callback, paddle.callbacks.ProgBarLogger):
+            return int(callback.log_freq)
     return None
 
 
@@ -168,16 +179,18 @@ class ScalerTrainerCallback:
 
     def __init__(self, scaler: Any = None) -> None:
         self._scaler = scaler
+        self._trainer: Any = None
 
     @classmethod
     def attach(cls, trainer: Any, scaler: Any = None) -> ScalerTrainerCallback:
         """A new callback at the head of ``trainer``'s callbacks, returned."""
         callback = cls(scaler)
+        callback._trainer = trainer
         trainer.callback_handler.callbacks.insert(0, callback)
         return callback
 
     def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
-        scaler = self._scaler if self._scaler is not None else _trainer_scaler(self)
+        scaler = self._scaler if self._scaler is not None else self._trainer_scaler()
         if logs is None or scaler is None:
             return  # no loss scaling: nothing to add
         scale, stats = _read(scaler)
@@ -185,6 +198,16 @@ class ScalerTrainerCallback:
         if stats is not None or not scaler.is_enable():
             logs["skipped_steps"] = stats.skipped if stats is not None else 0
             logs["skip_streak"] = stats.skip_streak if stats is not None else 0
+
+    def _trainer_scaler(self) -> Any:
+        """The ``scaler`` of the Trainer: the one ``attach`` was given, else the one whose
+        callback handler is calling."""
+        trainer = self._trainer or _calling_object(
+            lambda caller: (
+                self in getattr(getattr(caller, "callback_handler", None), "callbacks", ())
+            )
+        )
+        return getattr(trainer, "scaler", None)
 
     def __getattr__(self, name: str) -> Any:
         # The Trainer calls every event on every callback; this one acts on on_log only.
@@ -194,14 +217,4 @@ class ScalerTrainerCallback:
 
 
 def _ignore_event(*args: Any, **kwargs: Any) -> None:
-    return None
-
-
-def _trainer_scaler(callback: ScalerTrainerCallback) -> Any:
-    """The ``scaler`` of the Trainer whose callback handler is calling ``callback``."""
-    for frame in _calling_frames():
-        trainer = frame.f_locals.get("self")
-        handler = getattr(trainer, "callback_handler", None)
-        if callback in getattr(handler, "callbacks", ()):
-            return getattr(trainer, "scaler", None)
     return None

@@ -1,10 +1,10 @@
-"""The tests' reference for the update rule: ``paddle_amp_scaler.rule.adjust`` itself, the
-rule's specification (test_rule.py holds it to worked examples and to the pseudo-code),
-with a count of how often it fired, for the statistics."""
+"""The tests' reference for the update rule: ``paddle_amp_scaler.core.rule.adjust`` itself,
+the rule's specification (test_rule.py holds it to worked examples and to the
+pseudo-code), with a count of how often it fired, for the statistics."""
 
 from __future__ import annotations
 
-from paddle_amp_scaler import rule
+from paddle_amp_scaler.core import rule
 
 
 class ReferenceScaler:
@@ -40,10 +40,11 @@ class ReferenceScaler:
         if not self.dynamic:
             return
         self.state = rule.adjust(self.state, found_inf)
-        if found_inf and self.state.decr_count == 0:
-            self.backoffs += 1
-        elif not found_inf and self.state.incr_count == 0:
-            self.growths += 1
+        if self.state.fired:
+            if found_inf:
+                self.backoffs += 1
+            else:
+                self.growths += 1
 
     @property
     def scale(self) -> float:

@@ -459,6 +459,42 @@ def test_adjust_follows_mindspores_rule(steps, window, factor, init):
         assert int(loss_scaler.counter) == rule.counter
 
 
+@settings(max_examples=12, deadline=None)
+@given(
+    finite=st.lists(st.booleans(), min_size=200, max_size=400),
+    window=st.integers(1, 6),
+    factor=st.sampled_from([2, 3, 5, 10]),
+    init=st.sampled_from([100.0, 1000.0, 2.0**20, 7.0]),
+)
+def test_adjust_matches_mindspores_float32_arithmetic_at_any_factor(finite, window, factor, init):
+    # MindSpore divides its float32 scale by the factor; a multiply by float32(1 / factor)
+    # drifts from it at factors that are not powers of two.
+    loss_scaler = DynamicLossScaler(scale_value=init, scale_factor=factor, scale_window=window)
+    rule = AmpRule(init, factor, window)
+    for step, grads_finite in enumerate(finite):
+        loss_scaler.adjust(grads_finite)
+        rule.adjust(grads_finite)
+        got = (float(loss_scaler.scale_value), int(loss_scaler.counter))
+        assert got == (float(rule.scale_value), rule.counter), f"step {step}"
+
+
+def test_one_overflow_at_factor_3_divides_as_mindspore_does():
+    loss_scaler = DynamicLossScaler(scale_value=100, scale_factor=3, scale_window=50)
+    loss_scaler.adjust(False)
+    assert loss_scaler.scale_value.numpy().item() == np.float32(100) / np.float32(3)
+    assert f"{float(loss_scaler.scale_value):.6f}" == "33.333332"
+
+
+def test_adjust_goes_through_the_scalers_iteration_end():
+    # Statistics (and with them the stuck policy) see every adjust.
+    loss_scaler = DynamicLossScaler(scale_value=2**10, scale_factor=2, scale_window=2)
+    for grads_finite in (True, True, False, True):
+        loss_scaler.adjust(grads_finite)
+    stats = loss_scaler._scaler.stats()
+    assert (stats.iterations, stats.skipped, stats.growths, stats.backoffs) == (4, 1, 1, 1)
+    assert stats.scale == 2**10
+
+
 def test_adjust_refuses_to_grow_past_float32():
     # Hand-worked: window 1 grows at every finite step until the next growth would be
     # inf, and from then on stays at 2**127.

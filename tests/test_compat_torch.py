@@ -290,15 +290,12 @@ def test_host_reads_are_the_core_figures(make_optimizer, paddle_reads, path):
     model = make_model()
     optimizer = make_optimizer(model)
     injector = GradInjector(model[0].weight)
-    scaler = a_scaler()
+    with kernels.using_unscale_path(path):  # a scaler keeps the path it was built on
+        scaler = a_scaler()
     counter = HostReadCounter()
     for step, batch in enumerate(batches(steps=3)):
         loss = loss_of(model, batch)
-        with (
-            kernels.using_unscale_path(path),
-            counter.counting(),
-            injector.inject(math.inf if step == 1 else None),
-        ):
+        with counter.counting(), injector.inject(math.inf if step == 1 else None):
             scaler.scale([loss, (loss,)])[1][0].backward()
             scaler.unscale_(optimizer)
             scaler.step(optimizer)
@@ -334,6 +331,33 @@ def test_step_returns_what_the_optimizer_returned_and_none_when_skipped():
         scaler.update()
         model.clear_gradients()
     assert results == ["stepped", None]
+
+
+class ReportingAdam(paddle.optimizer.Adam):
+    """A Paddle optimizer, so it takes the found-inf flag, whose step returns a value."""
+
+    def step(self):
+        super().step()
+        return "stepped"
+
+
+@pytest.mark.parametrize("path", kernels.unscale_paths())
+def test_a_flag_taking_optimizer_that_returns_a_value_gives_none_when_skipped(path):
+    # On Paddle's kernels (a GPU's path) such an optimizer is called even when it skips;
+    # PyTorch's step() returns None for a skipped step all the same.
+    model = make_model()
+    optimizer = ReportingAdam(learning_rate=0.01, parameters=model.parameters())
+    injector = GradInjector(model[0].weight)
+    with kernels.using_unscale_path(path):
+        scaler = a_scaler()
+    results = []
+    for step, batch in enumerate(batches(steps=3)):
+        with injector.inject(math.inf if step == 1 else None):
+            scaler.scale(loss_of(model, batch)).backward()
+        results.append(scaler.step(optimizer))
+        scaler.update()
+        optimizer.clear_grad()
+    assert results == ["stepped", None, "stepped"]
 
 
 def test_scale_keeps_the_structure_of_its_outputs():

@@ -1,4 +1,4 @@
-"""custom_fwd / custom_bwd: the autocast state a PyLayer's backward runs under, and cast_inputs.
+"""custom_fwd / custom_bwd: the autocast mode a PyLayer's backward runs under, and cast_inputs.
 
 Paddle's ``auto_cast`` refuses to enable on a CPU place. The ``amp_on_cpu`` fixture makes
 it enable by showing only the ``paddle.amp.auto_cast`` module a tracer whose expected
@@ -132,7 +132,7 @@ W = [1.0, 2.0, -3.0]  # the upstream gradient, so that no gradient is trivially 
 
 
 def record_and_multiply(decorate_forward=custom_fwd, decorate_backward=custom_bwd):
-    """A PyLayer computing x * y that records, in ``seen``, the autocast state of both passes."""
+    """A PyLayer computing x * y that records, in ``seen``, the autocast mode of both passes."""
     seen = {}
 
     class Multiply(paddle.autograd.PyLayer):

@@ -50,10 +50,10 @@ def test_a_step_issues_what_the_budget_says(case):
 
 def test_the_statistics_fold_costs_what_the_budget_says():
     # The 128th iteration of a run adds up the statistics of all 128: its step (one
-    # unscale, one update, the counter's copy; the optimizer's read) plus the sums: two
-    # concats and the casts and comparison that make the verdicts and the rule's firings
-    # into integers, the positions of the last skipped and the last finite iteration,
-    # and the five new counts.
+    # unscale, one update, the rule's firing flag; the optimizer's read) plus the sums:
+    # two concats and the casts that make the verdicts and the firings into integers,
+    # the positions of the last skipped and the last finite iteration, and the five new
+    # counts.
     assert statistics._FOLD_EVERY == 128
     count = gpu_path_ops.count_fold()
-    assert (count.operations, count.reads) == (3 + 39, 1), count.names
+    assert (count.operations, count.reads) == (3 + 38, 1), count.names

@@ -26,15 +26,12 @@ def test_host_reads_per_training_step(name, api, inject, path):
     model = make_model()
     optimizer = OPTIMIZERS[name](model.parameters())
     injector = GradInjector(model[0].weight)
-    scaler = (GradScaler if api == "step_update" else AmpScaler)(init_loss_scaling=2.0**10)
+    with kernels.using_unscale_path(path):  # a scaler keeps the path it was built on
+        scaler = (GradScaler if api == "step_update" else AmpScaler)(init_loss_scaling=2.0**10)
     counter = HostReadCounter()
     for step, batch in enumerate(batches(steps=3)):
         loss = loss_of(model, batch)
-        with (
-            kernels.using_unscale_path(path),
-            counter.counting(),
-            injector.inject(inject if step == 2 else None),
-        ):
+        with counter.counting(), injector.inject(inject if step == 2 else None):
             scaled = scaler.scale(loss)
             scaled.backward()
             if api == "minimize":
@@ -74,13 +71,10 @@ def test_a_foreign_optimizer_costs_one_read_by_the_scaler(caplog, path):
 
     model = make_model()
     optimizer = HandRolledSGD(model.parameters())
-    scaler = GradScaler(init_loss_scaling=2.0**10)
+    with kernels.using_unscale_path(path):
+        scaler = GradScaler(init_loss_scaling=2.0**10)
     counter = HostReadCounter()
-    with (
-        kernels.using_unscale_path(path),
-        counter.counting(),
-        caplog.at_level("INFO", logger="paddle_amp_scaler"),
-    ):
+    with counter.counting(), caplog.at_level("INFO", logger="paddle_amp_scaler"):
         scaler.scale(loss_of(model, batches(steps=1)[0])).backward()
         scaler.step(optimizer)
         scaler.update()

@@ -74,14 +74,14 @@ def test_the_sdist_and_the_wheel_ship_the_licence_and_the_changelog(release):
     with tarfile.open(sdist) as archive:
         names = {name.split("/", 1)[1] for name in archive.getnames() if "/" in name}
     assert {"LICENSE", "CHANGELOG.md", "README.md", "pyproject.toml"} <= names
-    assert "paddle_amp_scaler/fused_unscale.cc" in names
+    assert "paddle_amp_scaler/core/fused_unscale.cc" in names
     # The wheel is listed by a fresh interpreter: zipfile needs zlib, which Paddle 2.6
     # breaks in-process.
     listing = run([sys.executable, "-m", "zipfile", "-l", str(wheel)]).stdout
     shipped = {line.split()[0] for line in listing.splitlines()[1:]}
     version = paddle_amp_scaler.__version__
     assert f"paddle_amp_scaler-{version}.dist-info/licenses/LICENSE" in shipped
-    assert {"paddle_amp_scaler/py.typed", "paddle_amp_scaler/fused_unscale.cc"} <= shipped
+    assert {"paddle_amp_scaler/py.typed", "paddle_amp_scaler/core/fused_unscale.cc"} <= shipped
     assert "paddle_amp_scaler/compat/torch.py" in shipped
     assert wheel.name.startswith(f"paddle_amp_scaler-{version}-")
 

@@ -14,13 +14,15 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from paddle import _C_ops
 
-from paddle_amp_scaler import GradScaler, fused_cpu, kernels
+from paddle_amp_scaler import GradScaler, kernels
+from paddle_amp_scaler.core import fused_cpu, unscale_paths
 
 from helpers import GradInjector, batches, make_model, optimizer_state_of, params_of, train_step
 
 PATHS = kernels.unscale_paths()
 
 
+@pytest.mark.compiled_helper
 def test_the_fused_path_is_built_and_chosen_on_cpu():
     # A compiler is part of this project's machines; without one the scaler would
     # still work (Paddle's kernel), but this suite must notice the fused path missing.
@@ -40,12 +42,13 @@ def paddle_kernel(arrays, scale, dtype):
 
 def through_path(path, arrays, scale, dtype):
     grads = [paddle.to_tensor(a) for a in arrays]
-    with kernels.using_unscale_path(path):
-        found = kernels.unscale_and_check_(
-            grads,
-            paddle.to_tensor([scale], dtype="float32"),
-            paddle.to_tensor([False]),
-        ).flag
+    found = (
+        unscale_paths.by_name(path)
+        .unscale_and_check_(
+            grads, paddle.to_tensor([scale], dtype="float32"), paddle.to_tensor([False])
+        )
+        .flag
+    )
     return [g.numpy() for g in grads], bool(found.numpy()[0])
 
 
@@ -88,6 +91,7 @@ def test_edge_cases_match_paddles_kernel(case, scale):
     assert_same_as_paddle(arrays, scale, arrays[0].dtype.name)
 
 
+@pytest.mark.compiled_helper
 def test_fused_kernel_flags_an_unscaled_value_that_overflows():
     arrays = [np.array([3e38, 1.0], "float32")]
     _, paddle_found = paddle_kernel(arrays, 0.5, "float32")
@@ -175,6 +179,7 @@ def test_environment_switch_turns_the_fused_kernel_off(tmp_path):
     assert not markers(tmp_path)
 
 
+@pytest.mark.compiled_helper
 def test_a_failed_build_falls_back_with_a_warning(tmp_path):
     no_compiler = (
         "from paddle.utils import cpp_extension\n"
@@ -192,6 +197,7 @@ def test_a_failed_build_falls_back_with_a_warning(tmp_path):
     assert not markers(tmp_path)
 
 
+@pytest.mark.compiled_helper
 def test_a_half_built_kernel_is_rebuilt_not_trusted(tmp_path):
     # What a build killed before it finished leaves: a folder of files and no marker.
     half_built = tmp_path / fused_cpu._build_name()

@@ -14,10 +14,12 @@ The functional API, for loops written with ``paddle.grad``::
     ...
     loss_scaler.adjust(finite)
 
-The update rule is MindSpore's: multiply by ``1 / scale_factor`` on every overflow
-(never below 1), by ``scale_factor`` after ``scale_window`` finite steps; it is
-``rule.adjust``, on the host for a manager's ``update_loss_scale`` and on the device for
-the scalers.
+The update rule is MindSpore's: back off by ``scale_factor`` on every overflow (never
+below 1), grow by it after ``scale_window`` finite steps. It is ``rule.adjust``, with
+MindSpore's arithmetic: a manager's ``update_loss_scale`` multiplies its Python float by
+``1 / scale_factor`` on the host; ``DynamicLossScaler.adjust`` divides its float32 scale
+by ``scale_factor`` on the device, through the scaler's own iteration end (so statistics
+and the stuck policy see it).
 """
 
 from __future__ import annotations
@@ -28,8 +30,9 @@ from typing import Any
 import paddle
 from paddle import Tensor
 
-from .. import kernels, nested, rule, validation
-from ..scaler import GradScaler
+from .. import nested
+from ..core import kernels, rule, validation
+from ..core.scaler import GradScaler
 
 __all__ = [
     "DynamicLossScaleManager",
@@ -153,7 +156,7 @@ class _LossScaler:
     def scale_value(self) -> Tensor:
         """The current scale, a float32 0-d Tensor (a copy; no read). Assignable, as
         MindSpore's Parameter is: a number or a one-element Tensor, at least 1."""
-        return self._scaler._scale.reshape([]).clone()
+        return self._scaler._scale_tensors().scale.reshape([]).clone()
 
     @scale_value.setter
     def scale_value(self, value: Any) -> None:
@@ -174,7 +177,7 @@ class _LossScaler:
     def _each_tensor(
         self, function: str, kernel: Callable[[Tensor, Tensor], Tensor], inputs: Any
     ) -> Any:
-        scale = self._scaler._scale
+        scale = self._scaler._scale_tensors().scale
         return nested.map_tensors(
             lambda tensor: kernel(tensor, scale), inputs, nested.refuse_leaves(function, "inputs")
         )
@@ -190,7 +193,7 @@ class _LossScaler:
                 )
             return grads_finite.reshape([1])
         finite = validation.check_bool(grads_finite, "grads_finite")
-        return paddle.full_like(self._scaler._scale, finite, dtype=paddle.bool)
+        return paddle.full_like(self._scaler._scale_tensors().scale, finite, dtype=paddle.bool)
 
 
 class StaticLossScaler(_LossScaler):
@@ -224,22 +227,24 @@ class DynamicLossScaler(_LossScaler):
         if scale_factor < 2:
             # MindSpore takes 1, which would never change the scale.
             raise ValueError(f"scale_factor must be an int >= 2, got {scale_factor!r}")
-        super().__init__(
-            GradScaler(
-                init_loss_scaling=_at_least_one(scale_value, "scale_value"),
-                incr_ratio=float(scale_factor),
-                decr_ratio=1.0 / scale_factor,
-                incr_every_n_steps=scale_window,
-                decr_every_n_nan_or_inf=1,
-            )
+        scaler = GradScaler(
+            init_loss_scaling=_at_least_one(scale_value, "scale_value"),
+            incr_ratio=float(scale_factor),
+            decr_ratio=1.0 / scale_factor,
+            incr_every_n_steps=scale_window,
+            decr_every_n_nan_or_inf=1,
         )
+        # MindSpore divides its float32 scale by the factor, where 1 / factor would
+        # round differently (scale_factor=3: 33.333332, not 33.333336, from 100).
+        scaler._set_policy(backoff_divisor=float(scale_factor))
+        super().__init__(scaler)
 
     @property
     def counter(self) -> Tensor:
         """Finite steps since the scale last changed, an int32 0-d Tensor (a copy).
         Assignable, as MindSpore's Parameter is: an int (or a one-element integer
         Tensor) from 0 to ``scale_window - 1``."""
-        return self._scaler._incr_count.reshape([]).clone()
+        return self._scaler._scale_tensors().incr_count.reshape([]).clone()
 
     @counter.setter
     def counter(self, value: Any) -> None:
@@ -261,11 +266,8 @@ class DynamicLossScaler(_LossScaler):
     def adjust(self, grads_finite: Any) -> bool:
         """Update the scale from ``grads_finite`` (a bool Tensor or a bool), on the device:
         grow after ``scale_window`` finite steps, back off on an overflow. Returns True."""
-        scaler = self._scaler
         found = paddle.logical_not(self._finite_flag(grads_finite))
-        rule.adjust_on_device_(
-            found, scaler._scale, scaler._incr_count, scaler._decr_count, scaler._policy
-        )
+        self._scaler._end_iteration(found=found)
         return True
 
 

@@ -32,9 +32,10 @@ from typing import Any
 import paddle
 from paddle import Tensor
 
-from .. import nested, validation
-from ..scaler import GradScaler as _CoreGradScaler
-from ..state import parse_state_dict
+from .. import nested
+from ..core import validation
+from ..core.scaler import GradScaler as _CoreGradScaler
+from ..core.state_dict import parse_state_dict
 
 __all__ = ["GradScaler", "TorchAssertionError"]
 
@@ -107,18 +108,23 @@ class GradScaler(_CoreGradScaler):
 
     def step(self, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
         """``optimizer.step(*args, **kwargs)`` unless its gradients hold inf/nan; returns
-        what it returned (``None`` when skipped; Paddle's optimizers return ``None``)."""
+        what it returned, ``None`` when skipped (Paddle's optimizers return ``None``)."""
         if self._enable and "closure" in kwargs:
             raise RuntimeError(
                 "step() does not take a closure while the scaler is enabled: compute the "
                 "loss, call scaler.scale(loss).backward(), then scaler.step(optimizer)"
             )
-        return self._step(optimizer, functools.partial(optimizer.step, *args, **kwargs))
+        result = self._step_optimizer(optimizer, functools.partial(optimizer.step, *args, **kwargs))
+        # An optimizer that takes the found-inf flag is called even when it skips, and
+        # returns its value all the same. PyTorch returns None for a skipped step; for an
+        # optimizer whose step returns something, knowing it is worth one read.
+        if result is not None and self._enable and bool(self._cache_found_inf):
+            return None
+        return result
 
     def _nothing_checked(self, optimizer: Any) -> None:
-        # PyTorch refuses the step. The record goes too, so that the step after a
-        # backward() unscales afresh.
-        del self._optimizer_states[id(optimizer)]
+        # PyTorch refuses the step (the core then forgets the optimizer's record, so that
+        # the step after a backward() unscales afresh).
         raise TorchAssertionError(
             "No inf checks were recorded for this optimizer: none of its parameters has a "
             "gradient. Call scaler.scale(loss).backward() before scaler.step(optimizer)"
@@ -128,26 +134,26 @@ class GradScaler(_CoreGradScaler):
         """End the iteration: update the scale from this iteration's steps, or set it to
         ``new_scale`` (a float, or a one-element Tensor, copied on the device)."""
         if new_scale is None:
-            if self._enable and not self._any_stepped():
+            if not self._end_iteration():
                 raise TorchAssertionError(
                     "No inf checks were recorded prior to update(): call "
                     "scaler.step(optimizer) for each optimizer first, then update() once"
                 )
-            super().update()
             return
         if not self._enable:
             return
+        scale = self._scale_tensors().scale
         if isinstance(new_scale, Tensor):
             if new_scale.size != 1 or not new_scale.is_floating_point():
                 raise ValueError(
                     "new_scale must be a float or a one-element floating-point Tensor, got "
                     f"a {new_scale.dtype} Tensor of shape {list(new_scale.shape)}"
                 )
-            paddle.assign(new_scale.detach().astype("float32").reshape([1]), output=self._scale)
+            paddle.assign(new_scale.detach().astype("float32").reshape([1]), output=scale)
         else:
-            self._scale.fill_(validation.check_scale(new_scale, "new_scale"))
+            scale.fill_(validation.check_scale(new_scale, "new_scale"))
         # The iteration still ends and is counted, with the given scale for the rule's.
-        self._finish_iteration(update_scale=False)
+        self._end_iteration(update_scale=False)
 
     def __repr__(self) -> str:
         return "GradScaler(enabled=False)" if not self._enable else super().__repr__()
@@ -177,13 +183,13 @@ class GradScaler(_CoreGradScaler):
         return self.get_incr_ratio()
 
     def set_growth_factor(self, new_factor: float) -> None:
-        self._set_policy(incr_ratio=validation.check_incr_ratio(new_factor, "new_factor"))
+        self.set_incr_ratio(validation.check_incr_ratio(new_factor, "new_factor"))
 
     def get_backoff_factor(self) -> float:
         return self.get_decr_ratio()
 
     def set_backoff_factor(self, new_factor: float) -> None:
-        self._set_policy(decr_ratio=validation.check_decr_ratio(new_factor, "new_factor"))
+        self.set_decr_ratio(validation.check_decr_ratio(new_factor, "new_factor"))
 
     def get_growth_interval(self) -> int:
         return self.get_incr_every_n_steps()

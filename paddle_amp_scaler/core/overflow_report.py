@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import paddle
 from paddle import Tensor
 
 from . import kernels
+from .verdict import Verdict
+
+if TYPE_CHECKING:
+    from .unscale_paths import UnscalePath
 
 logger = logging.getLogger("paddle_amp_scaler")
 
@@ -39,7 +43,8 @@ class OverflowEntry:
 class OverflowRecorder:
     """Counts per gradient during an iteration; keeps the last iteration that had any."""
 
-    def __init__(self) -> None:
+    def __init__(self, path: UnscalePath) -> None:
+        self._path = path
         # Per unscale: (param, grad dtype) in the order of the tally's rows, and the tally.
         self._pending: list[tuple[list[tuple[Any, Any]], Tensor]] = []
         self._last: list[OverflowEntry] = []
@@ -47,11 +52,11 @@ class OverflowRecorder:
 
     def unscale_and_count_(
         self, params: list[Any], grads: list[Tensor | None], scale: Tensor, all_finite: Tensor
-    ) -> kernels.Verdict:
-        """``kernels.unscale_and_check_`` of ``grads``, the gradients of ``params``,
+    ) -> Verdict:
+        """The unscale path's ``unscale_and_check_`` of ``grads``, the gradients of ``params``,
         queueing each one's inf and nan counts, taken before it is unscaled."""
         checked = [(param, grad) for param, grad in zip(params, grads) if kernels.is_checked(grad)]
-        verdict, tally = kernels.unscale_check_and_tally_(
+        verdict, tally = self._path.unscale_check_and_tally_(
             [grad for _, grad in checked], scale, all_finite
         )
         if tally is not None:

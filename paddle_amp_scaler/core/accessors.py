@@ -1,161 +1,28 @@
-"""A scaler's state between steps: Paddle's getters, setters, ``state_dict`` and repr.
+"""Paddle's getters and setters of a scaler, ``stats()``, ``state_dict()`` and its repr.
 
-``StateAccess`` reads and writes the scale, its counters, its policy and the statistics,
-each read a device sync (outside a step, where the scaler itself never reads). Two
-``state_dict`` formats are read into one validated record: Paddle's (which this package
-also writes, so that Paddle's own ``GradScaler.load_state_dict`` takes it) and PyTorch's.
+``Accessors`` reads and writes the scale, its counters, its policy and the statistics,
+each read a device sync: outside a step, where the scaler itself never reads.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import paddle
-from paddle import Tensor
-
 from . import kernels, rule, validation
-from .statistics import RunStatistics, ScalerStats, StuckPolicy, parse_stats_state
+from .scale_tensors import ScaleTensors, read_number
+from .state_dict import SavedScaler, parse_state_dict
+from .statistics import RunStatistics, ScalerStats
 
 if TYPE_CHECKING:
     from .distributed import FoundInfSync
     from .overflow_report import OverflowRecorder
+    from .stuck import StuckPolicy
 
 
-@dataclasses.dataclass(frozen=True)
-class ScalerState:
-    """Everything a scaler's state_dict holds, as plain Python values."""
-
-    scale: float
-    incr_ratio: float
-    decr_ratio: float
-    incr_every_n_steps: int
-    decr_every_n_nan_or_inf: int
-    incr_count: int
-    decr_count: int
-    use_dynamic_loss_scaling: bool
-    # Not in Paddle's or PyTorch's dicts: None there, and the scaler keeps its own.
-    bounds: tuple[float, float | None] | None = None
-    stats: ScalerStats | None = None
-
-    def to_paddle_dict(self) -> dict[str, Any]:
-        fields = {key: getattr(self, key) for key in PADDLE_KEYS}
-        fields["scale"] = np.array([self.scale], dtype=np.float32)
-        if self.bounds is not None:
-            fields["min_loss_scaling"], fields["max_loss_scaling"] = self.bounds
-        if self.stats is not None:
-            fields["stats"] = self.stats.to_state()
-        return fields
-
-
-# The keys of Paddle's own format, all required.
-PADDLE_KEYS = (
-    "scale",
-    "incr_ratio",
-    "decr_ratio",
-    "incr_every_n_steps",
-    "decr_every_n_nan_or_inf",
-    "incr_count",
-    "decr_count",
-    "use_dynamic_loss_scaling",
-)
-
-# PyTorch's GradScaler keys, by the Paddle key they mean. PyTorch has no decrease
-# period (it backs off on every overflow) and is always dynamic.
-_TORCH_TO_PADDLE = {
-    "scale": "scale",
-    "growth_factor": "incr_ratio",
-    "backoff_factor": "decr_ratio",
-    "growth_interval": "incr_every_n_steps",
-    "_growth_tracker": "incr_count",
-}
-_TORCH_IMPLIED = {"decr_every_n_nan_or_inf": 1, "decr_count": 0, "use_dynamic_loss_scaling": True}
-
-
-def parse_state_dict(state_dict: Mapping[str, Any]) -> ScalerState:
-    """Validate a Paddle-format or PyTorch-format state dict; unknown keys are ignored.
-
-    Raises ``ValueError`` naming the (source) key for a missing key or a bad value.
-    """
-    if not isinstance(state_dict, Mapping):
-        raise TypeError(f"state_dict must be a dict, got {type(state_dict).__name__}")
-    if "growth_factor" in state_dict:
-        source_key = {ours: theirs for theirs, ours in _TORCH_TO_PADDLE.items()}
-        values: dict[str, Any] = dict(_TORCH_IMPLIED)
-    else:
-        source_key = {key: key for key in PADDLE_KEYS}
-        values = {}
-    for ours, theirs in source_key.items():
-        if theirs not in state_dict:
-            raise ValueError(f"state_dict is missing the key {theirs!r}")
-        values[ours] = state_dict[theirs]
-
-    def checked(key: str, check: Callable[..., Any], *args: Any) -> Any:
-        name = f"state_dict[{source_key.get(key, key)!r}]"
-        try:
-            return check(values[key], name, *args)
-        except (TypeError, ValueError) as error:
-            raise ValueError(str(error)) from None
-
-    incr_every_n_steps = checked("incr_every_n_steps", validation.check_period)
-    decr_every_n_nan_or_inf = checked("decr_every_n_nan_or_inf", validation.check_period)
-    return ScalerState(
-        scale=checked("scale", _check_scale_value),
-        incr_ratio=checked("incr_ratio", validation.check_incr_ratio),
-        decr_ratio=checked("decr_ratio", validation.check_decr_ratio),
-        incr_every_n_steps=incr_every_n_steps,
-        decr_every_n_nan_or_inf=decr_every_n_nan_or_inf,
-        incr_count=checked(
-            "incr_count", validation.check_count, incr_every_n_steps, "incr_every_n_steps"
-        ),
-        decr_count=checked(
-            "decr_count", validation.check_count, decr_every_n_nan_or_inf, "decr_every_n_nan_or_inf"
-        ),
-        use_dynamic_loss_scaling=checked("use_dynamic_loss_scaling", validation.check_bool),
-        bounds=_bounds_in(state_dict),
-        stats=(
-            parse_stats_state(state_dict["stats"], "state_dict['stats']")
-            if "stats" in state_dict
-            else None
-        ),
-    )
-
-
-def _bounds_in(state_dict: Mapping[str, Any]) -> tuple[float, float | None] | None:
-    present = [key for key in _BOUND_KEYS if key in state_dict]
-    if not present:
-        return None
-    if len(present) == 1:
-        missing = next(key for key in _BOUND_KEYS if key not in present)
-        raise ValueError(f"state_dict has {present[0]!r} but is missing the key {missing!r}")
-    names = [f"state_dict[{key!r}]" for key in _BOUND_KEYS]
-    try:
-        return validation.check_bounds(*(state_dict[key] for key in _BOUND_KEYS), *names)
-    except TypeError as error:
-        raise ValueError(str(error)) from None
-
-
-_BOUND_KEYS = ("min_loss_scaling", "max_loss_scaling")
-
-
-def _check_scale_value(value: Any, name: str) -> float:
-    """A scale saved as a float, a 0-d or one-element array, or a Paddle tensor."""
-    if isinstance(value, paddle.Tensor):
-        value = value.numpy()
-    if isinstance(value, (np.ndarray, np.generic)):
-        if value.size != 1 or value.dtype.kind not in "fiu":
-            raise TypeError(
-                f"{name} must hold one number, got an array of dtype "
-                f"{value.dtype} and shape {list(value.shape)}"
-            )
-        value = value.reshape(()).item()
-    return validation.check_scale(value, name)
-
-
-class StateAccess:
+class Accessors:
     """Paddle's getters and setters, ``stats``, ``state_dict`` and the repr of a scaler,
     over the tensors and settings its constructor made."""
 
@@ -163,9 +30,7 @@ class StateAccess:
     _use_dynamic_loss_scaling: bool
     _init_loss_scaling: float
     _policy: rule.Policy
-    _scale: Tensor
-    _incr_count: Tensor
-    _decr_count: Tensor
+    _tensors: ScaleTensors
     _run: RunStatistics
     _stuck_policy: StuckPolicy
     _overflows: OverflowRecorder | None
@@ -175,7 +40,7 @@ class StateAccess:
     def stats(self) -> ScalerStats:
         """The run so far: iterations, skipped ones, the current skip streak, the last
         skipped iteration, growths, back-offs and the scale (one read of the device)."""
-        return self._run.read(self._scale) if self._enable else ScalerStats.nothing_yet()
+        return self._run.read(self._tensors.scale) if self._enable else ScalerStats.nothing_yet()
 
     def last_step_skipped(self) -> bool:
         """Whether the most recent iteration skipped its step (reads the device); False
@@ -192,7 +57,7 @@ class StateAccess:
 
     def get_loss_scaling(self) -> float:
         """The current scale (reads the device); 1.0 when disabled."""
-        return _read_number(self._scale) if self._enable else 1.0
+        return read_number(self._tensors.scale) if self._enable else 1.0
 
     def get_init_loss_scaling(self) -> float:
         return self._init_loss_scaling if self._enable else 1.0
@@ -201,7 +66,7 @@ class StateAccess:
         """Set the initial scale, and the current scale with it (within the bounds)."""
         value = self._within_bounds(new_init_loss_scaling, "new_init_loss_scaling")
         self._init_loss_scaling = value
-        self._scale.fill_(value)
+        self._tensors.scale.fill_(value)
 
     def get_incr_ratio(self) -> float:
         return self._policy.incr_ratio
@@ -223,7 +88,7 @@ class StateAccess:
         name = "new_incr_every_n_steps"
         period = validation.check_period(new_incr_every_n_steps, name, integral_float=True)
         self._set_policy(incr_every_n_steps=period)
-        kernels.clamp_below_(self._incr_count, period)
+        kernels.clamp_below_(self._tensors.incr_count, period)
 
     def get_decr_every_n_nan_or_inf(self) -> int:
         return self._policy.decr_every_n_nan_or_inf
@@ -233,31 +98,33 @@ class StateAccess:
         name = "new_decr_every_n_nan_or_inf"
         period = validation.check_period(new_decr_every_n_nan_or_inf, name, integral_float=True)
         self._set_policy(decr_every_n_nan_or_inf=period)
-        kernels.clamp_below_(self._decr_count, period)
+        kernels.clamp_below_(self._tensors.decr_count, period)
 
     def get_incr_count(self) -> int:
         """Finite steps since the last increase or inf/nan step (reads the device)."""
-        return int(_read_number(self._incr_count))
+        return int(read_number(self._tensors.incr_count))
 
     def set_incr_count(self, new_incr_count: int) -> None:
         period = self._policy.incr_every_n_steps
         count = validation.check_count(
             new_incr_count, "new_incr_count", period, "incr_every_n_steps"
         )
-        self._incr_count.fill_(count)
+        self._tensors.incr_count.fill_(count)
 
     def get_decr_count(self) -> int:
         """Inf/nan steps since the last decrease or finite step (reads the device)."""
-        return int(_read_number(self._decr_count))
+        return int(read_number(self._tensors.decr_count))
 
     def set_decr_count(self, new_decr_count: int) -> None:
         period = self._policy.decr_every_n_nan_or_inf
         count = validation.check_count(
             new_decr_count, "new_decr_count", period, "decr_every_n_nan_or_inf"
         )
-        self._decr_count.fill_(count)
+        self._tensors.decr_count.fill_(count)
 
     def _set_policy(self, **changes: Any) -> None:
+        """Change the rule's settings (``rule.Policy`` fields, checked by the caller): the
+        next update applies them. Part of the extension interface."""
         self._policy = dataclasses.replace(self._policy, **changes)
 
     def _within_bounds(self, scale: Any, name: str) -> float:
@@ -271,7 +138,7 @@ class StateAccess:
         if not self._enable:
             return {}
         stats = self.stats()
-        return ScalerState(
+        return SavedScaler(
             bounds=(self._policy.min_scale, self._policy.max_scale),
             scale=stats.scale,
             incr_ratio=self._policy.incr_ratio,
@@ -309,9 +176,11 @@ class StateAccess:
             max_scale=upper,
         )
         self._init_loss_scaling = _clamped(loaded.scale, lower, upper)
-        self._scale.fill_(self._init_loss_scaling)
-        self._incr_count.fill_(loaded.incr_count)
-        self._decr_count.fill_(loaded.decr_count)
+        self._tensors.load(
+            rule.LossScaleState(
+                self._init_loss_scaling, loaded.incr_count, loaded.decr_count, self._policy
+            )
+        )
         self._use_dynamic_loss_scaling = loaded.use_dynamic_loss_scaling
         if loaded.stats is not None:
             self._run.load(loaded.stats)
@@ -340,6 +209,8 @@ class StateAccess:
         return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in fields.items())})"
 
     def _repr_fields(self) -> dict[str, Any]:
+        """The numbers a repr shows first, by name: a face overrides it to show its own
+        framework's names. Part of the extension interface."""
         return {
             "scale": self.get_loss_scaling(),
             "incr_count": self.get_incr_count(),
@@ -349,11 +220,6 @@ class StateAccess:
             "incr_every_n_steps": self._policy.incr_every_n_steps,
             "decr_every_n_nan_or_inf": self._policy.decr_every_n_nan_or_inf,
         }
-
-
-def _read_number(tensor: Tensor) -> float:
-    """The value of a one-element device tensor: a device sync, for getters only."""
-    return float(tensor.numpy().reshape(-1)[0])
 
 
 def _clamped(scale: float, lower: float, upper: float | None) -> float:

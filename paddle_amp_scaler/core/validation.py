@@ -11,6 +11,7 @@ import functools
 import inspect
 import math
 import numbers
+import types
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar, cast
 
@@ -194,3 +195,44 @@ def keywords_checked(init: _Init) -> _Init:
         init(self, *args, **kwargs)
 
     return cast(_Init, init_with_known_keywords)
+
+
+_Class = TypeVar("_Class", bound=type)
+
+
+def with_defaults(**defaults: Any) -> Callable[[_Class], _Class]:
+    """Decorate a subclass so that its constructor is its base's (one made by
+    ``keywords_checked``) with other default values for the named arguments: two classes
+    share one signature, written once, and ``help()`` and ``inspect.signature`` show each
+    class's own defaults."""
+
+    def apply(cls: _Class) -> _Class:
+        plain = inspect.unwrap(cls.__init__)  # type: ignore[misc]
+        code = plain.__code__
+        positional_defaults = plain.__defaults__ or ()
+        first_with_default = code.co_argcount - len(positional_defaults)
+        with_default = code.co_varnames[first_with_default : code.co_argcount]
+        keyword_only = keyword_names(plain, keyword_only=True)
+        unknown = sorted(set(defaults) - set(with_default) - set(keyword_only))
+        if unknown:
+            raise TypeError(f"{plain.__qualname__} has no argument with a default: {unknown}")
+        init = types.FunctionType(
+            code,
+            plain.__globals__,
+            plain.__name__,
+            tuple(
+                defaults.get(name, value) for name, value in zip(with_default, positional_defaults)
+            ),
+            plain.__closure__,
+        )
+        init.__kwdefaults__ = {
+            **(plain.__kwdefaults__ or {}),
+            **{name: value for name, value in defaults.items() if name in keyword_only},
+        }
+        init.__annotations__ = dict(plain.__annotations__)
+        init.__doc__, init.__module__ = plain.__doc__, cls.__module__
+        init.__qualname__ = f"{cls.__qualname__}.__init__"
+        cls.__init__ = keywords_checked(init)  # type: ignore[misc]
+        return cls
+
+    return apply

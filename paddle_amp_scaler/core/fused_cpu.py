@@ -29,16 +29,23 @@ import hashlib
 import importlib.util
 import io
 import logging
+import math
 import os
 import shutil
 import sys
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from types import ModuleType
 from typing import Any
 
 import numpy as np
 import paddle
+from paddle import Tensor
+
+from . import rule
+from .kernels import PaddleKernels
+from .scale_tensors import ScaleTensors
+from .verdict import Verdict
 
 logger = logging.getLogger("paddle_amp_scaler")
 
@@ -48,9 +55,9 @@ _BUILT = "paddle_amp_scaler.built"
 # The compiled module: unscale_and_check(grads, scale) -> (found_inf, found as a bool);
 # unscale_check_and_tally(grads, scale) -> (found_inf, tally, found as a bool);
 # zero_if_found(grads, found_inf); update_scale(found_inf, scale, incr_count, decr_count,
-# incr_every_n_steps, decr_every_n_nan_or_inf, incr_ratio, decr_ratio) and
-# count_iteration(counts, found_inf, incr_count, decr_count), in place. Grads are float32
-# or float64 CPU tensors, mixed as they come.
+# incr_every_n_steps, decr_every_n_nan_or_inf, incr_ratio, decr_ratio, min_scale,
+# max_scale, backoff_divisor) -> fired, and count_iteration(counts, found_inf, fired), in
+# place. Grads are float32 or float64 CPU tensors, mixed as they come.
 FusedOps = Any
 
 
@@ -81,6 +88,63 @@ def cache_directory() -> str:
     return os.environ.get("PADDLE_EXTENSION_DIR") or os.path.join(
         os.path.expanduser("~"), ".cache", "paddle_extensions"
     )
+
+
+class FusedCpu:
+    """The unscale path on a CPU with the compiled module: unscale and check every dtype
+    in one call, the update rule and an iteration's statistics in place, each a call of a
+    few microseconds. A verdict comes back as a host bool too, with no read."""
+
+    name = "fused-cpu"
+
+    def __init__(self, ops: FusedOps) -> None:
+        self._ops = ops
+        # Statistics count each iteration in place as it ends (statistics.py).
+        self.count_iteration_ = ops.count_iteration
+
+    def __reduce__(self) -> tuple[Any, tuple[()]]:
+        # A compiled module does not pickle; an unpickled scaler takes this machine's.
+        return _fused_or_paddle, ()
+
+    def unscale_and_check_(
+        self, grads: Sequence[Tensor | None], scale: Tensor, all_finite: Tensor
+    ) -> Verdict:
+        present = [grad for grad in grads if grad is not None]
+        if not present:
+            return Verdict(all_finite, False)
+        return Verdict(*self._ops.unscale_and_check(present, scale))
+
+    def unscale_check_and_tally_(
+        self, grads: Sequence[Tensor], scale: Tensor, all_finite: Tensor
+    ) -> tuple[Verdict, Tensor | None]:
+        if not grads:
+            return Verdict(all_finite, False), None
+        found_inf, tally, found = self._ops.unscale_check_and_tally(list(grads), scale)
+        return Verdict(found_inf, found), tally
+
+    def zero_if_found_(self, grads: Sequence[Tensor | None], found_inf: Tensor) -> None:
+        self._ops.zero_if_found([grad for grad in grads if grad is not None], found_inf)
+
+    def adjust_(self, found: Tensor, tensors: ScaleTensors, policy: rule.Policy) -> Tensor:
+        fired: Tensor = self._ops.update_scale(
+            found,
+            tensors.scale,
+            tensors.incr_count,
+            tensors.decr_count,
+            policy.incr_every_n_steps,
+            policy.decr_every_n_nan_or_inf,
+            policy.incr_ratio,
+            policy.decr_ratio,
+            policy.min_scale,
+            math.inf if policy.max_scale is None else policy.max_scale,
+            policy.backoff_divisor or 0.0,
+        )
+        return fired
+
+
+def _fused_or_paddle() -> FusedCpu | PaddleKernels:
+    ops = load()
+    return PaddleKernels() if ops is None else FusedCpu(ops)
 
 
 def _build_name() -> str:
@@ -180,20 +244,21 @@ def _verify(ops: FusedOps) -> None:
     # [skipped, skip_streak, since_skip, growths, backoffs]: a skip that backs off, then a
     # finite iteration that does not grow.
     counts = paddle.to_tensor([2, 1, 0, 5, 3], dtype="int64")
-    zero, one = paddle.to_tensor([0], dtype="int32"), paddle.to_tensor([1], dtype="int32")
-    ops.count_iteration(counts, paddle.to_tensor([True]), one, zero)
+    true, false = paddle.to_tensor([True]), paddle.to_tensor([False])
+    ops.count_iteration(counts, true, true)
     if counts.numpy().tolist() != [3, 2, 0, 5, 4]:
         raise RuntimeError("the compiled counter failed its check on a skipped iteration")
-    ops.count_iteration(counts, paddle.to_tensor([False]), one, zero)
+    ops.count_iteration(counts, false, false)
     if counts.numpy().tolist() != [3, 0, 1, 5, 4]:
         raise RuntimeError("the compiled counter failed its check on a finite iteration")
     # rule.adjust's answers: a back-off on the second overflow, a growth every step.
+    one = paddle.to_tensor([1], dtype="int32")
     scale, incr, decr = paddle.to_tensor([4.0]), one.clone(), one.clone()
-    ops.update_scale(paddle.to_tensor([True]), scale, incr, decr, 3, 2, 2.0, 0.5)
-    if [scale.numpy()[0], incr.numpy()[0], decr.numpy()[0]] != [2.0, 0, 0]:
+    fired = ops.update_scale(true, scale, incr, decr, 3, 2, 2.0, 0.5, 1.0, math.inf, 0.0)
+    if [scale.numpy()[0], incr.numpy()[0], decr.numpy()[0], fired.numpy()[0]] != [2.0, 0, 0, True]:
         raise RuntimeError("the compiled update rule failed its check on a back-off")
-    ops.update_scale(paddle.to_tensor([False]), scale, incr, decr, 1, 2, 2.0, 0.5)
-    if [scale.numpy()[0], incr.numpy()[0], decr.numpy()[0]] != [4.0, 0, 0]:
+    fired = ops.update_scale(false, scale, incr, decr, 1, 2, 2.0, 0.5, 1.0, math.inf, 0.0)
+    if [scale.numpy()[0], incr.numpy()[0], decr.numpy()[0], fired.numpy()[0]] != [4.0, 0, 0, True]:
         raise RuntimeError("the compiled update rule failed its check on a growth")
 
 

@@ -1,4 +1,4 @@
-"""What a scaler's run has done, counted on the device, and the policy for a stuck run.
+"""What a scaler's run has done, counted on the device.
 
 Five counts, with no read in a step: iterations skipped, the current streak of skipped
 ones, finite ones since the last skip, growths and back-offs (``RunStatistics``).
@@ -8,33 +8,21 @@ ones, finite ones since the last skip, growths and back-offs (``RunStatistics``)
 from __future__ import annotations
 
 import dataclasses
-import warnings
-from collections.abc import Callable, Mapping
-from typing import Any, Union
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import paddle
 from paddle import Tensor
 
-from . import distributed, kernels
 from .pickling import TensorsOnHost
 
-# Untyped for the checker: see kernels.py.
-_C_ops: Any = paddle._C_ops
+if TYPE_CHECKING:
+    from .unscale_paths import UnscalePath
 
 # The device counts, in order. "since_skip" counts iterations since the last skipped one,
 # which gives the last skipped iteration without knowing its number on the device.
 _COUNTS = ("skipped", "skip_streak", "since_skip", "growths", "backoffs")
-# How many iterations the stuck policy lets pass between two reads of the streak.
-_MAX_CHECK_INTERVAL = 100
-
-
-class LossScaleStuckError(RuntimeError):
-    """Every one of the last ``stuck_after`` iterations or more was skipped.
-
-    Raised by the ``update()`` or ``minimize()`` that found it, after that iteration's
-    update: the scaler is consistent and its ``state_dict()`` resumes.
-    """
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,33 +104,30 @@ class RunStatistics(TensorsOnHost):
     """The counts behind ``ScalerStats``, on the device: an int64 [5] tensor of ``_COUNTS``,
     and the number of iterations on the host.
 
-    An iteration counts from two facts: its verdict, and whether the update rule fired,
-    which the rule's counters tell once it has run (it fires exactly when it resets the
-    counter of the verdict's kind; a fixed scale never fires). On a CPU the compiled
-    module counts each iteration in place as it ends. Elsewhere an iteration keeps its
-    verdict and that counter (one small operation), and every 128 iterations, or before
-    a read, ``count_pending`` adds them up in a dozen operations.
+    An iteration counts from two facts: its verdict, and whether the update rule fired
+    (as the unscale path's form of the rule says; a fixed scale never fires). On a path
+    that counts in place (the compiled CPU module) each iteration is counted as it ends.
+    Elsewhere an iteration keeps its two flags, and every 128 iterations, or before a
+    read, ``count_pending`` adds them up in a dozen operations.
     """
 
-    def __init__(self, place: Any) -> None:
+    def __init__(self, path: UnscalePath, place: Any) -> None:
         self._counts = paddle.to_tensor([0] * len(_COUNTS), dtype=paddle.int64, place=place)
-        self._never_fired = paddle.to_tensor([-1], dtype=paddle.int32, place=place)
-        self._zero = paddle.to_tensor([0], dtype=paddle.int32, place=place)
+        self._path = path
+        self._never_fired = paddle.to_tensor([False], place=place)
         self._pending: list[tuple[Tensor, Tensor]] = []
         self.iterations = 0
 
-    def record(self, found: Tensor, counters: tuple[Tensor, Tensor] | None) -> None:
-        """Count one iteration from its verdict ``found`` (bool [1]) and, in dynamic mode,
-        the rule's ``(incr_count, decr_count)`` after its update; nothing is read."""
+    def record(self, found: Tensor, fired: Tensor | None) -> None:
+        """Count one iteration from its verdict ``found`` and whether the rule ``fired``
+        (bool [1] tensors; None: a fixed scale, which never fires); nothing is read."""
         self.iterations += 1
-        incr, decr = counters or (self._never_fired, self._never_fired)
-        fused = kernels.fused_ops_for(self._counts)
-        if fused is not None:
-            self.count_pending()  # iterations kept on the other path come first
-            fused.count_iteration(self._counts, found, incr, decr)
+        fired = self._never_fired if fired is None else fired
+        count_in_place = self._path.count_iteration_
+        if count_in_place is not None:
+            count_in_place(self._counts, found, fired)
             return
-        # A copy: the rule's counters move on in place at the next update.
-        self._pending.append((found, _C_ops.where(found, decr, incr)))
+        self._pending.append((found, fired))
         if len(self._pending) == _FOLD_EVERY:
             self.count_pending()
 
@@ -153,8 +138,7 @@ class RunStatistics(TensorsOnHost):
             return
         n = len(pending)
         skipped = paddle.concat([found for found, _ in pending]).astype(paddle.int64)
-        fired = paddle.equal(paddle.concat([counter for _, counter in pending]), self._zero)
-        fired = fired.astype(paddle.int64)
+        fired = paddle.concat([fired for _, fired in pending]).astype(paddle.int64)
         # 1-based positions of the last skipped and the last finite iteration, 0 if none.
         positions = paddle.arange(1, n + 1, dtype=paddle.int64)
         last_skip = (skipped * positions).max()
@@ -193,56 +177,3 @@ class RunStatistics(TensorsOnHost):
         counts = [stats.skipped, stats.skip_streak, since_skip, stats.growths, stats.backoffs]
         self._counts = paddle.to_tensor(counts, dtype=paddle.int64, place=self._counts.place)
         self.iterations = stats.iterations
-
-
-OnStuck = Union[str, Callable[[ScalerStats], Any]]
-
-
-class StuckPolicy:
-    """What to do when ``stuck_after`` consecutive iterations or more were skipped:
-    ``"warn"`` (one ``RuntimeWarning`` per streak), ``"raise"`` or a callable taking
-    ``ScalerStats``.
-
-    The streak is read once every ``min(stuck_after, 100)`` iterations, so the policy
-    fires after ``stuck_after`` to ``stuck_after + k - 1`` consecutive skips.
-    """
-
-    def __init__(self, stuck_after: int | None, on_stuck: OnStuck) -> None:
-        if stuck_after is not None and (
-            isinstance(stuck_after, (bool, np.bool_)) or not isinstance(stuck_after, int)
-        ):
-            raise TypeError(f"stuck_after must be None or an int, got {stuck_after!r}")
-        if stuck_after is not None and stuck_after < 1:
-            raise ValueError(f"stuck_after must be None or an int >= 1, got {stuck_after!r}")
-        if not (on_stuck in ("warn", "raise") or callable(on_stuck)):
-            raise ValueError(
-                f'on_stuck must be "warn", "raise" or a callable taking ScalerStats, '
-                f"got {on_stuck!r}"
-            )
-        self.stuck_after = stuck_after
-        self.on_stuck = on_stuck
-        self.check_interval = None if stuck_after is None else min(stuck_after, _MAX_CHECK_INTERVAL)
-        self._warned_streak_start: int | None = None
-
-    def after_iteration(self, run: RunStatistics, read_stats: Callable[[], ScalerStats]) -> None:
-        if self.check_interval is None or run.iterations % self.check_interval:
-            return
-        stats = read_stats()
-        if self.stuck_after is None or stats.skip_streak < self.stuck_after:
-            return
-        message = (
-            f"the last {stats.skip_streak} iterations were all skipped (inf/nan gradients "
-            f"at every scale down to {stats.scale:g}); stuck_after={self.stuck_after}. "
-            "Check the model and the data for inf/nan, or lower the learning rate"
-        )
-        if callable(self.on_stuck):
-            self.on_stuck(stats)
-        elif self.on_stuck == "raise":
-            raise LossScaleStuckError(message)
-        else:
-            streak_start = stats.iterations - stats.skip_streak + 1
-            # One report per streak, as a warning (which a user can filter or make an
-            # error), from rank 0: one rank speaks for all.
-            if streak_start != self._warned_streak_start and distributed.on_rank_zero():
-                self._warned_streak_start = streak_start
-                warnings.warn(message, RuntimeWarning, stacklevel=4)

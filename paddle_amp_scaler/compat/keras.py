@@ -13,9 +13,9 @@ from typing import Any
 
 from paddle import Tensor
 
-from . import kernels, optimizers, validation
-from .scaler import AmpScaler, GradScaler
-from .state import parse_state_dict
+from ..core import kernels, optimizers, validation
+from ..core.scaler import AmpScaler, GradScaler
+from ..core.state_dict import parse_state_dict
 
 __all__ = ["LossScaleOptimizer"]
 
@@ -124,7 +124,7 @@ class LossScaleOptimizer:
     @property
     def loss_scale(self) -> Tensor:
         """The current scale, a float32 0-d Tensor (a copy; no read)."""
-        return self._scaler._scale.reshape([]).clone()
+        return self._scaler._scale_tensors().scale.reshape([]).clone()
 
     @property
     def dynamic(self) -> bool:
@@ -161,8 +161,7 @@ class LossScaleOptimizer:
                 f"loss must be a Tensor or a callable returning one, got {type(loss).__name__}"
             )
         self._scaler.scale(loss).backward()
-        return self._scaler._step_and_update(
-            self._inner,
+        return self._step_and_update(
             lambda: self._inner.minimize(loss, parameters=parameters, no_grad_set=no_grad_set),
             skipped=(None, None),
         )
@@ -170,7 +169,7 @@ class LossScaleOptimizer:
     def step(self) -> None:
         """Unscale, check, step or skip, and update the scale, after
         ``get_scaled_loss(loss).backward()``."""
-        self._scaler._step_and_update(self._inner, self._inner.step)
+        self._step_and_update(self._inner.step)
 
     def get_scaled_loss(self, loss: Tensor | Callable[[], Tensor]) -> Any:
         """``loss`` times the scale; for a callable, a callable that returns that."""
@@ -192,7 +191,7 @@ class LossScaleOptimizer:
         self._gradients_unscaled = True
         if not self._scaler.is_enable():
             return list(grads)
-        scale = self._scaler._scale
+        scale = self._scaler._scale_tensors().scale
         return [None if grad is None else kernels.unscaled(_tensor(grad), scale) for grad in grads]
 
     def apply_gradients(self, grads_and_vars: Iterable[tuple[Tensor | None, Tensor]]) -> Any:
@@ -205,12 +204,24 @@ class LossScaleOptimizer:
         pairs = [_pair(item) for item in grads_and_vars]
         pairs = [(grad, param) for grad, param in pairs if grad is not None]
         self._warn_unless_scaled()
-        if self._scaler.is_enable():
-            self._scaler._check_given_gradients(self._inner, [grad for grad, _ in pairs])
-        return self._scaler._step_and_update(
-            self._inner,
+        return self._step_and_update(
             lambda: self._inner.apply_gradients([(param, grad) for grad, param in pairs]),
+            given_grads=[grad for grad, _ in pairs],
         )
+
+    def _step_and_update(
+        self,
+        run_step: Callable[[], Any],
+        skipped: Any = None,
+        given_grads: list[Tensor] | None = None,
+    ) -> Any:
+        """The whole iteration after backward: step or skip the inner optimizer, then end
+        the iteration (TensorFlow has no separate update)."""
+        result = self._scaler._step_optimizer(
+            self._inner, run_step, skipped=skipped, given_grads=given_grads
+        )
+        self._scaler._end_iteration()
+        return result
 
     def _warn_unless_scaled(self) -> None:
         """Warn once, as tf-keras does, when a hand-written loop applies gradients with

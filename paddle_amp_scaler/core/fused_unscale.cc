@@ -1,6 +1,6 @@
 // The scaler's CPU work in compiled code: unscale-and-check in one pass, the update rule,
 // the statistics count and the skip of a plain SGD step. Built on first use by
-// paddle_amp_scaler/fused_cpu.py.
+// paddle_amp_scaler/core/fused_cpu.py.
 //
 // A Python extension module (pybind11), not a Paddle custom operator: a custom operator
 // runs Paddle's operator machinery on every call (infer-shape and infer-dtype, AMP
@@ -194,51 +194,60 @@ void ZeroIfFound(const Tensors& xs, const paddle::Tensor& found) {
   }
 }
 
-// One step of the dynamic update rule (rule.py's adjust, with its default bounds), in
-// place on the float32 scale and the int32 counters, with the arithmetic of Paddle's
-// update_loss_scaling kernel: products in float32, a growth that would leave float32's
-// range refused, a back-off floored at 1.
-void UpdateScale(const paddle::Tensor& found, paddle::Tensor& scale, paddle::Tensor& incr_count,
-                 paddle::Tensor& decr_count, int incr_every_n_steps,
-                 int decr_every_n_nan_or_inf, float incr_ratio, float decr_ratio) {
+// One step of rule.adjust, in place on the float32 scale and the int32 counters, with the
+// arithmetic of Paddle's update_loss_scaling kernel: products in float32, a growth that
+// would leave float32's range refused. The bounds apply as the rule says (max_scale is
+// +inf for none), and a backoff_divisor above 0 backs off dividing by it (MindSpore's
+// functional scaler) rather than multiplying by decr_ratio. Returns whether the rule
+// fired, as a bool [1] tensor.
+paddle::Tensor UpdateScale(const paddle::Tensor& found, paddle::Tensor& scale,
+                           paddle::Tensor& incr_count, paddle::Tensor& decr_count,
+                           int incr_every_n_steps, int decr_every_n_nan_or_inf, float incr_ratio,
+                           float decr_ratio, float min_scale, float max_scale,
+                           float backoff_divisor) {
   float* scale_value = scale.data<float>();
   int32_t* incr = incr_count.data<int32_t>();
   int32_t* decr = decr_count.data<int32_t>();
+  bool fired = false;
   if (found.data<bool>()[0]) {
     *incr = 0;
     if (++*decr == decr_every_n_nan_or_inf) {
-      const float lowered = *scale_value * decr_ratio;
-      *scale_value = lowered < 1.0f ? 1.0f : lowered;
+      const float lowered =
+          backoff_divisor > 0.0f ? *scale_value / backoff_divisor : *scale_value * decr_ratio;
+      *scale_value = std::max(lowered, min_scale);
       *decr = 0;
+      fired = true;
     }
   } else {
     *decr = 0;
     if (++*incr == incr_every_n_steps) {
       const float grown = *scale_value * incr_ratio;
-      if (std::isfinite(grown)) *scale_value = grown;
+      if (std::isfinite(grown)) *scale_value = std::min(grown, max_scale);
       *incr = 0;
+      fired = true;
     }
   }
+  return FlagOf(fired);
 }
 
 // One iteration's statistics, in place: `counts` is statistics.py's int64 [5]
-// [skipped, skip_streak, since_skip, growths, backoffs]. The update rule fired exactly
-// when it reset the counter of the verdict's kind (a fixed scale passes -1: never).
+// [skipped, skip_streak, since_skip, growths, backoffs]; `fired` says whether the update
+// rule grew (a finite iteration) or backed off (a skipped one).
 void CountIteration(paddle::Tensor& counts, const paddle::Tensor& found,
-                    const paddle::Tensor& incr_count, const paddle::Tensor& decr_count) {
+                    const paddle::Tensor& fired) {
   enum { kSkipped, kStreak, kSinceSkip, kGrowths, kBackoffs };
   int64_t* count = counts.data<int64_t>();
   const bool skipped = found.data<bool>()[0];
-  const bool fired = (skipped ? decr_count : incr_count).data<int32_t>()[0] == 0;
+  const bool changed = fired.data<bool>()[0];
   if (skipped) {
     count[kSkipped] += 1;
     count[kStreak] += 1;
     count[kSinceSkip] = 0;
-    count[kBackoffs] += fired;
+    count[kBackoffs] += changed;
   } else {
     count[kStreak] = 0;
     count[kSinceSkip] += 1;
-    count[kGrowths] += fired;
+    count[kGrowths] += changed;
   }
 }
 

@@ -10,13 +10,16 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import paddle
 from paddle import Tensor
 
-from . import kernels, optimizers
-from .kernels import Verdict
+from . import optimizers
+from .verdict import Verdict
+
+if TYPE_CHECKING:
+    from .unscale_paths import UnscalePath
 
 logger = logging.getLogger("paddle_amp_scaler")
 
@@ -52,11 +55,12 @@ class ZeroGradients(Strategy):
     gradients on the device when inf/nan was found makes its step ``p - lr * 0 == p``,
     with no read at all (``zero_grads_make_no_update`` says when)."""
 
+    path: UnscalePath
     optimizer: Any
     grads: list[Tensor | None]
 
     def step(self, run_step: Callable[[], Any], verdict: Verdict) -> Any:
-        kernels.zero_if_found_(self.grads, verdict.flag)
+        self.path.zero_if_found_(self.grads, verdict.flag)
         # A flag left over from another scaler would make Paddle read it.
         self.optimizer._set_auxiliary_var("found_inf", None)
         return run_step()
@@ -88,19 +92,21 @@ class ReadOnHost(Strategy):
 
 
 def choose(
+    path: UnscalePath,
     optimizer: Any,
     verdict: Verdict,
     params: list[Any] | None,
     grads: list[Tensor | None] | None,
 ) -> Strategy:
     """The way to skip ``optimizer``'s step on ``verdict``; ``params`` and ``grads`` are
-    what was unscaled and checked (None where a replaced ``_unscale`` did that)."""
+    what was unscaled and checked (None where a replaced ``_unscale`` did that), on the
+    scaler's unscale ``path``."""
     if verdict.on_host is not None:
         return DecidedOnHost()
     if zero_grads_make_no_update(optimizer, params):
         if grads is None:
             grads = optimizers.grads_of(optimizers.parameters_of(optimizer))
-        return ZeroGradients(optimizer, grads)
+        return ZeroGradients(path, optimizer, grads)
     taker = flag_taker(optimizer)
     if taker is not None:
         return OptimizerReadsFlag(taker)

@@ -19,7 +19,7 @@ from paddle import Tensor
 from paddle.distributed.communication.group import Group
 
 from . import validation
-from .kernels import Verdict
+from .verdict import Verdict
 
 
 class RankZeroOnly(logging.Filter):

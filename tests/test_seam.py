@@ -1,0 +1,98 @@
+"""The seam between the core and what is built on it.
+
+Every module outside ``paddle_amp_scaler/core`` reaches the scaler through its public
+API, Paddle's contract names (``PADDLE_CONTRACT``) or the extension interface
+(``EXTENSION_INTERFACE``), read here from the modules' source; and both scalers share
+one constructor signature, each shown with its own defaults.
+"""
+
+import ast
+import inspect
+import pathlib
+
+import pytest
+
+import paddle_amp_scaler
+from paddle_amp_scaler import AmpScaler, GradScaler
+from paddle_amp_scaler.core import scaler as core_scaler
+
+PACKAGE = pathlib.Path(paddle_amp_scaler.__file__).parent
+DOCS = PACKAGE.parent / "docs"
+
+
+def outside_the_core():
+    return sorted(
+        path for path in PACKAGE.rglob("*.py") if "core" not in path.relative_to(PACKAGE).parts
+    )
+
+
+def private_members_of_the_core():
+    """The scaler's underscore names: its class's and an instance's, dunders left out."""
+    names = set(dir(GradScaler)) | set(vars(GradScaler(enable=False)))
+    names |= set(vars(GradScaler()))
+    return {name for name in names if name.startswith("_") and not name.startswith("__")}
+
+
+ALLOWED = set(core_scaler.PADDLE_CONTRACT) | set(core_scaler.EXTENSION_INTERFACE)
+
+
+def reaches_past_the_seam(source):
+    """(line, name) of every access to a private member of the scaler that the seam does
+    not allow, by attribute name: ``anything._policy`` counts, whoever ``anything`` is."""
+    private = private_members_of_the_core() - ALLOWED
+    return [
+        (node.lineno, node.attr)
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Attribute) and node.attr in private
+    ]
+
+
+@pytest.mark.parametrize("path", outside_the_core(), ids=lambda path: str(path.name))
+def test_modules_outside_the_core_use_only_the_seam(path):
+    assert reaches_past_the_seam(path.read_text()) == []
+
+
+def test_the_check_finds_a_planted_access():
+    planted = "def show(scaler):\n    return scaler._policy.incr_ratio, scaler._scale\n"
+    assert reaches_past_the_seam(planted) == [(2, "_policy")]
+
+
+def test_the_modules_checked_include_every_face_and_helper():
+    names = {path.relative_to(PACKAGE).as_posix() for path in outside_the_core()}
+    expected = {"compat/torch.py", "compat/mindspore.py", "compat/keras.py"}
+    expected |= {"integrations.py", "install.py", "checkpoint.py"}
+    assert expected <= names
+
+
+def test_every_allowed_name_is_a_member_and_documented():
+    members = set(dir(GradScaler)) | set(vars(GradScaler()))
+    assert members >= ALLOWED
+    assert len(core_scaler.EXTENSION_INTERFACE) <= 6
+    architecture = (DOCS / "architecture.md").read_text()
+    for name in ALLOWED:
+        assert f"`{name}" in architecture, name
+    for name in core_scaler.EXTENSION_INTERFACE:
+        assert getattr(GradScaler, name).__doc__, f"{name} has no docstring"
+
+
+def test_both_scalers_share_one_constructor_with_their_own_defaults():
+    amp, grad = inspect.signature(AmpScaler), inspect.signature(GradScaler)
+    assert list(amp.parameters) == list(grad.parameters)
+    differ = {
+        name: (amp.parameters[name].default, grad.parameters[name].default)
+        for name in amp.parameters
+        if amp.parameters[name].default != grad.parameters[name].default
+    }
+    # Paddle's defaults: AmpScaler's, then GradScaler's.
+    assert differ == {"init_loss_scaling": (2.0**15, 2.0**16), "incr_every_n_steps": (1000, 2000)}
+    for name in amp.parameters:
+        assert amp.parameters[name].kind == grad.parameters[name].kind
+        assert amp.parameters[name].annotation == grad.parameters[name].annotation
+    # One body: GradScaler's constructor runs AmpScaler's code, not a forwarding copy.
+    assert (
+        inspect.unwrap(GradScaler.__init__).__code__ is inspect.unwrap(AmpScaler.__init__).__code__
+    )
+    # And it is what GradScaler() does with no arguments.
+    scaler = GradScaler()
+    assert (scaler.get_loss_scaling(), scaler.get_incr_every_n_steps()) == (2.0**16, 2000)
+    assert "init_loss_scaling: 'float' = 65536.0" in str(inspect.signature(GradScaler.__init__))
