@@ -22,6 +22,7 @@ uses Paddle's kernels, after one WARNING line saying so.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import functools
 import glob
@@ -80,6 +81,29 @@ def load() -> FusedOps | None:
             first_line,
         )
         return None
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildStatus:
+    """What is known of the compiled helper here, without building it: ``state`` is
+    ``"built"``, ``"not built yet"``, ``"failed"`` or ``"disabled"``; ``directory`` is
+    where its build for this Paddle lives; ``log_file`` holds a build's output, where
+    one was kept; ``reason`` says why it is disabled or failed."""
+
+    state: str
+    directory: str
+    log_file: str | None = None
+    reason: str | None = None
+
+
+def build_status() -> BuildStatus:
+    """The helper's state for this Paddle installation; builds nothing, loads nothing."""
+    directory = os.path.join(cache_directory(), _build_name())
+    if disabled_by_environment():
+        return BuildStatus("disabled", directory, reason="PADDLE_AMP_SCALER_FUSED=0")
+    if os.path.exists(os.path.join(directory, _BUILT)):
+        return BuildStatus("built", directory)
+    return BuildStatus("not built yet", directory)
 
 
 def cache_directory() -> str:
