@@ -7,6 +7,10 @@ looking the name up when they build it. ``install()`` points those names, in
 ``paddle.amp`` and in ``paddle.amp.grad_scaler`` where Paddle defines them, at this
 package's classes; ``uninstall()`` puts Paddle's back.
 
+``install(**defaults)`` gives the scalers those trainers build keyword defaults of the
+package's own (``install(policy="headroom")``): an argument the trainer passes still
+wins.
+
 It cannot reach a name copied before it ran: ``from paddle.amp import GradScaler`` at
 the top of a module imported earlier keeps Paddle's class. Call ``install()`` first,
 then import the trainer.
@@ -16,11 +20,12 @@ from __future__ import annotations
 
 import logging
 from types import ModuleType
+from typing import Any
 
 import paddle.amp
 from paddle.amp import grad_scaler as paddle_grad_scaler
 
-from .core import scaler
+from .core import scaler, validation
 
 __all__ = ["install", "installed", "uninstall"]
 
@@ -32,12 +37,36 @@ _MODULES: tuple[ModuleType, ...] = (paddle.amp, paddle_grad_scaler)
 _PADDLES = {name: getattr(paddle_grad_scaler, name) for name in _NAMES}
 
 
-def install() -> None:
-    """Make ``paddle.amp.GradScaler`` and ``paddle.amp.AmpScaler`` this package's. Idempotent."""
+def install(**defaults: Any) -> None:
+    """Make ``paddle.amp.GradScaler`` and ``paddle.amp.AmpScaler`` this package's, with
+    ``defaults`` (keyword arguments of their constructors, e.g. ``policy="headroom"``) as
+    the defaults of the scalers built from then on. Idempotent; a bad default is a
+    ``ValueError`` here, naming it."""
+    validation.check_keywords("install", defaults, _OPTIONS)
+    classes = {name: _with_defaults(getattr(scaler, name), defaults) for name in _NAMES}
     for module in _MODULES:
         for name in _NAMES:
-            setattr(module, name, getattr(scaler, name))
+            setattr(module, name, classes[name])
     logger.info("paddle.amp.GradScaler and paddle.amp.AmpScaler are paddle_amp_scaler's")
+
+
+def _with_defaults(cls: type[scaler.AmpScaler], defaults: dict[str, Any]) -> type:
+    """``cls`` itself, or a subclass of it (same name) whose constructor defaults to
+    ``defaults``; each default is checked by building a disabled scaler with it."""
+    if not defaults:
+        return cls
+    try:
+        cls(enable=False, **defaults)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"install(): {error}") from None
+    namespace = {
+        "__module__": cls.__module__,
+        "__doc__": cls.__doc__,
+        # Pickled as the package's own class, which an unpickling process can import:
+        # the defaults served the constructor and nothing after it.
+        "__reduce_ex__": lambda self, protocol: (_rebuilt, (cls, self.__getstate__())),
+    }
+    return validation.with_defaults(**defaults)(type(cls.__name__, (cls,), namespace))
 
 
 def uninstall() -> None:
@@ -49,4 +78,16 @@ def uninstall() -> None:
 
 def installed() -> bool:
     """Whether ``paddle.amp.GradScaler`` is this package's now."""
-    return paddle.amp.GradScaler is scaler.GradScaler
+    return isinstance(paddle.amp.GradScaler, type) and issubclass(
+        paddle.amp.GradScaler, scaler.GradScaler
+    )
+
+
+def _rebuilt(cls: type[scaler.AmpScaler], state: dict[str, Any]) -> scaler.AmpScaler:
+    rebuilt = cls.__new__(cls)
+    rebuilt.__setstate__(state)
+    return rebuilt
+
+
+# The constructor arguments install() takes as defaults: the scalers' keyword arguments.
+_OPTIONS = validation.keyword_names(scaler.AmpScaler.__init__)

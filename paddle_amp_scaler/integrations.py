@@ -62,10 +62,11 @@ def _read(scaler: Any) -> tuple[float, ScalerStats | None]:
 
 
 def log_stats(writer: Any, scaler: Any, step: int, prefix: str = "amp/") -> ScalerStats | None:
-    """Write ``loss_scale``, ``skipped`` (cumulative), ``skip_streak``, ``growths`` and
-    ``backoffs`` through ``writer.add_scalar(prefix + name, value, step)``: one read of
-    the device. Returns the ``ScalerStats`` written; with Paddle's own scaler, which
-    counts nothing, only ``loss_scale`` is written and None returned."""
+    """Write ``loss_scale``, ``skipped`` (cumulative), ``skip_streak``, ``growths``,
+    ``backoffs`` and, under the headroom policy, ``headroom_bits`` through
+    ``writer.add_scalar(prefix + name, value, step)``: one read of the device. Returns
+    the ``ScalerStats`` written; with Paddle's own scaler, which counts nothing, only
+    ``loss_scale`` is written and None returned."""
     scale, stats = _read(scaler)
     values: dict[str, float] = {"loss_scale": scale}
     if stats is not None:
@@ -75,22 +76,25 @@ def log_stats(writer: Any, scaler: Any, step: int, prefix: str = "amp/") -> Scal
             growths=stats.growths,
             backoffs=stats.backoffs,
         )
+        if stats.headroom_bits is not None:
+            values["headroom_bits"] = stats.headroom_bits
     for name, value in values.items():
         writer.add_scalar(prefix + name, value, step)
     return stats
 
 
 class ScalerCallback(paddle.callbacks.Callback):  # type: ignore[misc]
-    """Puts ``loss_scale`` and ``skipped`` in ``paddle.Model.fit``'s logs at each logged
-    step, so that its progress bar prints them and ``paddle.callbacks.VisualDL`` writes
-    them (``train/loss_scale``, ``train/skipped``), in any order of the callbacks.
+    """Puts ``loss_scale``, ``skipped`` and, under the headroom policy, ``headroom_bits``
+    in ``paddle.Model.fit``'s logs at each logged step, so that its progress bar prints
+    them and ``paddle.callbacks.VisualDL`` writes them (``train/loss_scale``, ...), in
+    any order of the callbacks.
 
     ``scaler``: the scaler to read, else the one the model trains with (the one
     ``paddle.Model`` builds under ``amp_configs``: this package's after ``install()``).
     ``log_freq``: the steps to read at, else those the ``ProgBarLogger`` prints.
     """
 
-    KEYS = ("loss_scale", "skipped")
+    KEYS = ("loss_scale", "skipped", "headroom_bits")
 
     def __init__(self, scaler: Any = None, *, log_freq: int | None = None) -> None:
         super().__init__()
@@ -121,6 +125,16 @@ class ScalerCallback(paddle.callbacks.Callback):  # type: ignore[misc]
         logs["loss_scale"] = scale
         if stats is not None or not scaler.is_enable():
             logs["skipped"] = stats.skipped if stats is not None else 0
+        _put_headroom(logs, "headroom_bits", stats)
+
+
+def _put_headroom(logs: Any, key: str, stats: ScalerStats | None) -> None:
+    """The headroom under ``key`` where the policy measures it; elsewhere no such key
+    (the progress bar and VisualDL then show nothing for it)."""
+    if stats is not None and stats.headroom_bits is not None:
+        logs[key] = stats.headroom_bits
+    else:
+        logs.pop(key, None)
 
 
 def _model_scaler(model: Any) -> Any:
@@ -170,7 +184,8 @@ def _progress_log_freq() -> int | None:
 class ScalerTrainerCallback:
     """A ``TrainerCallback`` for PaddleFormers' and PaddleNLP's ``Trainer``: every log the
     Trainer makes while it trains with loss scaling carries ``loss_scale`` (float),
-    ``skipped_steps`` and ``skip_streak`` (ints), as they stand after that log's step.
+    ``skipped_steps`` and ``skip_streak`` (ints) and, under the headroom policy,
+    ``headroom_bits`` (float), as they stand after that log's step.
 
     Listed in ``Trainer(callbacks=[...])``, it reaches the callbacks listed after it;
     ``ScalerTrainerCallback.attach(trainer)`` puts one ahead of every callback, the
@@ -198,6 +213,7 @@ class ScalerTrainerCallback:
         if stats is not None or not scaler.is_enable():
             logs["skipped_steps"] = stats.skipped if stats is not None else 0
             logs["skip_streak"] = stats.skip_streak if stats is not None else 0
+        _put_headroom(logs, "headroom_bits", stats)
 
     def _trainer_scaler(self) -> Any:
         """The ``scaler`` of the Trainer: the one ``attach`` was given, else the one whose

@@ -24,7 +24,7 @@ from paddle_amp_scaler.checkpoint import rng_state_survives_pickling
 OVERFLOW_STEPS = {7, 23, 51, 140, 141, 250}
 
 
-def build():
+def build(policy):
     paddle.seed(0)
     # Dropout repeats after a resume only where Paddle can save its generator's position.
     dropout = 0.1 if rng_state_survives_pickling() else 0.0
@@ -36,7 +36,7 @@ def build():
     )
     schedule = paddle.optimizer.lr.StepDecay(0.01, step_size=50, gamma=0.5)
     optimizer = paddle.optimizer.AdamW(learning_rate=schedule, parameters=model.parameters())
-    scaler = GradScaler(init_loss_scaling=2.0**12, incr_every_n_steps=20)
+    scaler = GradScaler(init_loss_scaling=2.0**12, incr_every_n_steps=20, policy=policy)
     return model, optimizer, schedule, scaler
 
 
@@ -53,10 +53,11 @@ def main():
     parser.add_argument("--dir", required=True)
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--every", type=int, default=5)
+    parser.add_argument("--policy", default="interval")
     args = parser.parse_args()
     paddle.set_device("cpu")
     warnings.simplefilter("ignore")
-    model, optimizer, schedule, scaler = build()
+    model, optimizer, schedule, scaler = build(args.policy)
     checkpoint = os.path.join(args.dir, "run.ckpt")
     start = 0
     if os.path.exists(checkpoint):
@@ -76,9 +77,11 @@ def main():
             save_checkpoint(
                 checkpoint, model=model, optimizer=optimizer, scaler=scaler, step=step + 1
             )
+    # The scale, and under the headroom policy its memory, must resume exactly too.
+    memory = scaler.state_dict().get("headroom", {})
     final = np.concatenate(
         [p.numpy().ravel() for p in model.parameters()]
-        + [np.array([scaler.get_loss_scaling()], dtype="float32")]
+        + [np.array([scaler.get_loss_scaling(), *memory.values()], dtype="float32")]
     )
     # np.save, not np.savez: the zip writer would load zlib, which crashes beside Paddle 2.6.
     np.save(os.path.join(args.dir, "final.npy"), final)

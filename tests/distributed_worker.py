@@ -63,6 +63,8 @@ def independent_ranks(rank, out):
         ("sync", {}),
         ("group", {"group": group}),
         ("nosync", {"sync_found_inf": False}),
+        # Different gradients on each rank: different amaxes, agreed with the verdict.
+        ("headroom", {"policy": "headroom"}),
     ):
         model = make_model(seed=0)
         optimizer = paddle.optimizer.SGD(learning_rate=0.1, parameters=model.parameters())

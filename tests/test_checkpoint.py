@@ -33,7 +33,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 class Run:
     """Model with dropout, AdamW with an LR schedule, a scaler, and inf on chosen steps."""
 
-    def __init__(self, seed=0, width=16):
+    def __init__(self, seed=0, width=16, policy="interval"):
         paddle.seed(seed)
         self.model = paddle.nn.Sequential(
             paddle.nn.Linear(8, width),
@@ -46,7 +46,10 @@ class Run:
             learning_rate=self.schedule, parameters=self.model.parameters()
         )
         self.scaler = GradScaler(
-            init_loss_scaling=2.0**10, incr_every_n_steps=2, decr_every_n_nan_or_inf=2
+            init_loss_scaling=2.0**10,
+            incr_every_n_steps=2,
+            decr_every_n_nan_or_inf=2,
+            policy=policy,
         )
         self.injector = GradInjector(self.model[0].weight)
 
@@ -109,20 +112,22 @@ def assert_same(a, b):
     assert sched_a == sched_b
 
 
+@pytest.mark.parametrize("policy", ["interval", "headroom"])
 @pytest.mark.parametrize(
     "overflow_steps",
     [set(), {2}, {7}, {2, 3, 7}, {4, 5}],
     ids=["none", "before", "after", "both", "at-the-cut"],
 )
-def test_resume_is_bit_exact(tmp_path, overflow_steps):
+def test_resume_is_bit_exact(tmp_path, overflow_steps, policy):
     total, cut = 10, 5
-    straight = Run()
+    straight = Run(policy=policy)
     straight.train(range(total), overflow_steps)
 
-    first = Run()
+    first = Run(policy=policy)
     first.train(range(cut), overflow_steps)
     first.save(tmp_path / "ckpt", step=cut)
-    # Fresh objects with other parameter names, other weights and another RNG position.
+    # Fresh objects with other parameter names, other weights and another RNG position;
+    # the resumed scaler is built with the default policy: the checkpoint brings its own.
     make_model(seed=9)
     resumed = Run(seed=123)
     paddle.rand([7])
@@ -324,7 +329,7 @@ def test_a_save_that_dies_leaves_the_old_checkpoint(tmp_path, monkeypatch, faili
     assert read_checkpoint(path).step == 1
 
 
-def kill_and_resume(tmp_path, kills, steps):
+def kill_and_resume(tmp_path, kills, steps, policy="interval"):
     """Runs the worker to the end once straight, and once killed ``kills`` times."""
     env = dict(
         os.environ,
@@ -337,6 +342,8 @@ def kill_and_resume(tmp_path, kills, steps):
         str(steps),
         "--every",
         "4",
+        "--policy",
+        policy,
     ]
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     straight.mkdir()
@@ -384,8 +391,9 @@ def kill_and_resume(tmp_path, kills, steps):
     print(f"kill -9: {done_kills} kills landed, runs resumed from steps {resumed_from}")
 
 
-def test_kill_9_at_random_moments_then_resume(tmp_path):
-    kill_and_resume(tmp_path, kills=4, steps=1200)
+@pytest.mark.parametrize(("policy", "steps"), [("interval", 1200), ("headroom", 600)])
+def test_kill_9_at_random_moments_then_resume(tmp_path, policy, steps):
+    kill_and_resume(tmp_path, kills=4, steps=steps, policy=policy)
 
 
 @pytest.mark.long

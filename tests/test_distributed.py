@@ -159,6 +159,19 @@ def test_every_rank_skips_the_steps_any_rank_overflowed(independent, name):
             np.testing.assert_array_equal(got, want)
 
 
+def test_ranks_with_different_gradients_take_the_same_headroom_decisions(independent):
+    # Each rank measures its own amax; the policy grows and backs off alike on both, and
+    # every rank skips the steps any rank overflowed.
+    logs = [result["headroom_log"] for result in independent]
+    np.testing.assert_array_equal(logs[0], logs[1])
+    skipped = [step for step, row in enumerate(logs[0]) if row[0]]
+    assert skipped == sorted(EVERY)
+    assert logs[0][:, 7].max() > 0  # it grew, from the measured amax
+    for rank, result in enumerate(independent):
+        for got, want in zip(params_in(result, "headroom_param"), unscaled_params(rank, EVERY)):
+            np.testing.assert_array_equal(got, want)
+
+
 def test_without_sync_each_rank_follows_its_own_flag(independent):
     for rank, result in enumerate(independent):
         np.testing.assert_array_equal(result["nosync_log"], expected_log(INJECTED[rank]))

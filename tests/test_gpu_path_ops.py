@@ -57,3 +57,13 @@ def test_the_statistics_fold_costs_what_the_budget_says():
     assert statistics._FOLD_EVERY == 128
     count = gpu_path_ops.count_fold()
     assert (count.operations, count.reads) == (3 + 38, 1), count.names
+
+
+@pytest.mark.parametrize("case", gpu_path_ops.policy_cases(), ids=repr)
+def test_the_headroom_policy_costs_at_most_two_operations_and_one_per_eight_tensors(case):
+    # Averaged over a run's first 100 iterations, calibration included: the policy
+    # measures and decides in a few of them, and costs nothing more in the others.
+    extra, interval, headroom = gpu_path_ops.headroom_extra(case)
+    assert extra <= 2 + case.tensors * case.optimizers / 8, headroom.names
+    # And no host read of its own: the same reads as the interval rule's (AdamW's).
+    assert headroom.reads == interval.reads == 100 * case.optimizers

@@ -19,15 +19,18 @@ EXPECTED_TOTAL = {"sgd": 0, "sgd_weight_decay": 1, "momentum": 1, "adam": 1, "ad
 
 
 @pytest.mark.parametrize("path", kernels.unscale_paths())
+@pytest.mark.parametrize("policy", ["interval", "headroom"])
 @pytest.mark.parametrize("inject", [None, math.inf])
 @pytest.mark.parametrize("api", ["step_update", "minimize"])
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
-def test_host_reads_per_training_step(name, api, inject, path):
+def test_host_reads_per_training_step(name, api, inject, policy, path):
     model = make_model()
     optimizer = OPTIMIZERS[name](model.parameters())
     injector = GradInjector(model[0].weight)
     with kernels.using_unscale_path(path):  # a scaler keeps the path it was built on
-        scaler = (GradScaler if api == "step_update" else AmpScaler)(init_loss_scaling=2.0**10)
+        scaler = (GradScaler if api == "step_update" else AmpScaler)(
+            init_loss_scaling=2.0**10, policy=policy
+        )
     counter = HostReadCounter()
     for step, batch in enumerate(batches(steps=3)):
         loss = loss_of(model, batch)

@@ -2,6 +2,7 @@
 device forms (Paddle's update_loss_scaling kernel, the compiled CPU module) against it on
 long random sequences."""
 
+import dataclasses
 import subprocess
 import sys
 
@@ -146,3 +147,124 @@ def test_the_device_forms_follow_adjust_on_long_sequences(path, policy, start, f
         got = (on_device.scale, on_device.incr_count, on_device.decr_count, bool(fired.numpy()[0]))
         want = (expected.scale, expected.incr_count, expected.decr_count, expected.fired)
         assert got == want, f"step {step}: {got} != {want} ({path}, {policy})"
+
+
+# -- the headroom policy ---------------------------------------------------------------------
+
+
+def headroom(scale, **policy):
+    return rule.LossScaleState(scale, policy=rule.Policy(name="headroom", **policy))
+
+
+def test_headroom_calibrates_the_start_in_a_few_iterations():
+    # From 2**16, gradients that overflow at every scale above 2**4: the first overflow
+    # backs off eight steps at once, and the first finite measurement grows up to the
+    # margin below float16's ceiling.
+    state = headroom(2.0**16)
+    state = rule.adjust_headroom(state, True, float("inf"))
+    assert state.scale == 2.0**8 and state.fired
+    state = rule.adjust_headroom(state, True, float("inf"))
+    assert state.scale == 1.0
+    # Finite: amax 0.5 at scale 1; the margin (2 bits) allows 65504 / 4 = 16376.
+    state = rule.adjust_headroom(state, False, 0.5)
+    assert state.scale == 2.0**14 and state.fired and state.grown_at == 3
+    assert state.amax == 0.5 and state.anchor == state.scale
+
+
+def test_headroom_never_grows_into_an_overflow_the_amax_predicts():
+    state = headroom(2.0**10)
+    for amax in (2.0**-3, 2.0**10, 16376.0, 16377.0, 40000.0):
+        after = rule.adjust_headroom(state, False, amax)
+        grew = after.scale > state.scale
+        assert grew == (amax * 2 <= 16376.0)
+        if grew:  # the amax the grown scale will see stays under the margin's limit
+            assert amax * after.scale / state.scale <= rule.FLOAT16_MAX / 2**state.margin
+
+
+def test_an_overflow_soon_after_a_growth_widens_the_margin():
+    state = rule.adjust_headroom(headroom(2.0**10, incr_every_n_steps=100), False, 1.0)
+    assert state.grown_at == 1 and state.margin == rule.INITIAL_MARGIN
+    state = rule.adjust_headroom(state, True, float("inf"))
+    # Backed off now; the next look sees it within 100 // 4 iterations of the growth.
+    assert state.margin == rule.INITIAL_MARGIN + 1
+
+
+def test_a_spike_long_after_the_last_growth_is_climbed_back_at_once():
+    state = rule.adjust_headroom(headroom(2.0**10, incr_every_n_steps=100), False, 1.0)
+    top = state.scale
+    for _ in range(30):  # 30 quiet iterations, past 100 // 4; no room for a doubling
+        state = rule.adjust_headroom(state, False, 9000.0)
+    assert state.scale == top
+    state = rule.adjust_headroom(state, True, float("inf"))
+    assert state.scale == top / 2 and state.margin == rule.INITIAL_MARGIN
+    state = rule.adjust_headroom(state, False, 4500.0)  # the same gradients, at half scale
+    assert state.scale == top
+
+
+def test_a_quiet_stretch_narrows_the_margin_by_one_bit():
+    state = headroom(2.0**10, incr_every_n_steps=4)
+    for _ in range(4):
+        state = rule.adjust_headroom(state, False, 9000.0)
+    assert state.margin == rule.INITIAL_MARGIN - 1 and state.incr_count == 0
+    for _ in range(8):
+        state = rule.adjust_headroom(state, False, 30000.0)
+    assert state.margin == rule.MIN_MARGIN
+
+
+def test_unmeasured_iterations_only_back_off():
+    state = headroom(2.0**10)
+    assert rule.adjust_headroom(state, False, None).scale == 2.0**10
+    backed = rule.adjust_headroom(state, True, None)
+    assert backed.scale == 2.0**9 and backed.fired and backed.anchor == state.anchor
+
+
+def test_the_schedule_measures_the_first_iterations_and_then_every_few():
+    assert [n for n in range(1, 200) if rule.measured(n, 64)] == [1, 2, 3, 64, 128, 192]
+    assert all(rule.measured(n, 1) for n in range(1, 50))
+
+
+def amaxes():
+    """What an unscale hands the rule: tiny to large magnitudes, zero, and inf."""
+    return st.one_of(
+        st.floats(-40, 20).map(lambda e: float(np.float32(2.0**e))),
+        st.sampled_from([0.0, float("inf"), 16376.0, 8188.0, 65504.0]),
+    )
+
+
+HEADROOM_POLICIES = st.builds(
+    rule.Policy,
+    incr_ratio=st.sampled_from([2.0, 4.0, 1.5]),
+    decr_ratio=st.sampled_from([0.5, 0.25, 0.8]),
+    incr_every_n_steps=st.sampled_from([4, 8, 40]),
+    decr_every_n_nan_or_inf=st.integers(1, 2),
+    min_scale=st.sampled_from([1.0, 0.125, 2.0]),
+    max_scale=st.sampled_from([None, 2.0**40]),
+    name=st.just("headroom"),
+)
+
+
+@pytest.mark.parametrize("path", unscale_paths.unscale_paths())
+@settings(max_examples=30, deadline=None)
+@given(
+    policy=HEADROOM_POLICIES,
+    start=st.sampled_from([2.0, 2.0**16, 2.0**100]),
+    steps=st.lists(st.tuples(st.booleans(), amaxes()), min_size=100, max_size=250),
+)
+def test_the_device_forms_follow_adjust_headroom_on_long_sequences(path, policy, start, steps):
+    start = min(max(start, policy.min_scale), policy.max_scale or F32_MAX)
+    expected = rule.LossScaleState(start, policy=policy)
+    tensors = ScaleTensors(start, "cpu")
+    device_form = unscale_paths.by_name(path)
+    for iteration, (found, amax) in enumerate(steps, start=1):
+        measured = rule.measured(iteration, device_form.measure_every)
+        given_amax = amax if measured else None
+        fired = device_form.adjust_(
+            paddle.to_tensor([found]),
+            tensors,
+            policy,
+            amax=None if given_amax is None else paddle.to_tensor([given_amax], dtype="float32"),
+            iteration=iteration,
+        )
+        expected = rule.adjust_headroom(expected, found, given_amax)
+        got = dataclasses.replace(tensors.read(policy, iteration), fired=bool(fired.numpy()[0]))
+        assert got == expected, f"iteration {iteration} ({path}, {policy})"

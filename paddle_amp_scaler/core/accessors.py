@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import kernels, rule, validation
 from .scale_tensors import ScaleTensors, read_number
-from .state_dict import SavedScaler, parse_state_dict
+from .state_dict import HEADROOM_KEYS, SavedScaler, parse_state_dict
 from .statistics import RunStatistics, ScalerStats
 
 if TYPE_CHECKING:
@@ -40,7 +40,10 @@ class Accessors:
     def stats(self) -> ScalerStats:
         """The run so far: iterations, skipped ones, the current skip streak, the last
         skipped iteration, growths, back-offs and the scale (one read of the device)."""
-        return self._run.read(self._tensors.scale) if self._enable else ScalerStats.nothing_yet()
+        if not self._enable:
+            return ScalerStats.nothing_yet()
+        measures = self._policy.name == "headroom" and self._use_dynamic_loss_scaling
+        return self._run.read(self._tensors.scale, self._tensors.amax if measures else None)
 
     def last_step_skipped(self) -> bool:
         """Whether the most recent iteration skipped its step (reads the device); False
@@ -138,6 +141,7 @@ class Accessors:
         if not self._enable:
             return {}
         stats = self.stats()
+        state = self._tensors.read(self._policy, stats.iterations)
         return SavedScaler(
             bounds=(self._policy.min_scale, self._policy.max_scale),
             scale=stats.scale,
@@ -145,10 +149,12 @@ class Accessors:
             decr_ratio=self._policy.decr_ratio,
             incr_every_n_steps=self._policy.incr_every_n_steps,
             decr_every_n_nan_or_inf=self._policy.decr_every_n_nan_or_inf,
-            incr_count=self.get_incr_count(),
-            decr_count=self.get_decr_count(),
+            incr_count=state.incr_count,
+            decr_count=state.decr_count,
             use_dynamic_loss_scaling=self._use_dynamic_loss_scaling,
             stats=stats,
+            policy=self._policy.name,
+            headroom={key: getattr(state, key) for key in HEADROOM_KEYS},
         ).to_paddle_dict()
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
@@ -174,11 +180,16 @@ class Accessors:
             decr_every_n_nan_or_inf=loaded.decr_every_n_nan_or_inf,
             min_scale=lower,
             max_scale=upper,
+            name=loaded.policy or self._policy.name,
         )
         self._init_loss_scaling = _clamped(loaded.scale, lower, upper)
         self._tensors.load(
             rule.LossScaleState(
-                self._init_loss_scaling, loaded.incr_count, loaded.decr_count, self._policy
+                self._init_loss_scaling,
+                loaded.incr_count,
+                loaded.decr_count,
+                self._policy,
+                **(loaded.headroom or {}),
             )
         )
         self._use_dynamic_loss_scaling = loaded.use_dynamic_loss_scaling
@@ -194,6 +205,7 @@ class Accessors:
             return f"{type(self).__name__}(enable=False)"
         options = {
             "use_dynamic_loss_scaling": self._use_dynamic_loss_scaling,
+            "policy": self._policy.name,
             "min_loss_scaling": self._policy.min_scale,
             "max_loss_scaling": self._policy.max_scale,
             "stuck_after": self._stuck_policy.stuck_after,

@@ -62,19 +62,25 @@ class FoundInfSync:
         return self.enabled and spans_ranks(self.group)
 
     def agree(self, verdict: Verdict) -> Verdict:
-        """``verdict`` OR-ed over the group's ranks, on the device, no read; ``verdict``
-        itself when no reduction is due. A reduced verdict is known on the device only:
-        another rank's gradients may have overflowed.
+        """``verdict`` OR-ed over the group's ranks, and its amax (where measured) the
+        largest over them, on the device, no read, in one collective; ``verdict`` itself
+        when no reduction is due. A reduced verdict is known on the device only: another
+        rank's gradients may have overflowed.
 
         Every rank must call this for the same unscales in the same order, whatever its
         gradients: the scaler calls it once per unscale, gradients or none.
         """
         if not self.active():
             return verdict
-        # Collectives take no bool: as int32, MAX over ranks is OR.
-        flag = verdict.flag.astype(paddle.int32)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
-        return Verdict(flag.astype(paddle.bool))
+        if verdict.amax is None:
+            # Collectives take no bool: as int32, MAX over ranks is OR.
+            flag = verdict.flag.astype(paddle.int32)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
+            return Verdict(flag.astype(paddle.bool))
+        # The flag rides beside the amax as 0.0 or 1.0: MAX of both in one reduction.
+        both = paddle.concat([verdict.flag.astype(paddle.float32), verdict.amax])
+        dist.all_reduce(both, op=dist.ReduceOp.MAX, group=self.group)
+        return Verdict(both[:1] > 0, amax=both[1:])
 
 
 def spans_ranks(group: Group | None) -> bool:

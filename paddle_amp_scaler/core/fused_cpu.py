@@ -120,36 +120,57 @@ class FusedCpu:
     few microseconds. A verdict comes back as a host bool too, with no read."""
 
     name = "fused-cpu"
+    # The amax comes in the unscale's own pass: every iteration is measured.
+    measure_every = 1
 
     def __init__(self, ops: FusedOps) -> None:
         self._ops = ops
         # Statistics count each iteration in place as it ends (statistics.py).
         self.count_iteration_ = ops.count_iteration
+        self._tables: dict[float, tuple[Tensor, Tensor]] = {}
 
     def __reduce__(self) -> tuple[Any, tuple[()]]:
         # A compiled module does not pickle; an unpickled scaler takes this machine's.
         return _fused_or_paddle, ()
 
     def unscale_and_check_(
-        self, grads: Sequence[Tensor | None], scale: Tensor, all_finite: Tensor
+        self,
+        grads: Sequence[Tensor | None],
+        scale: Tensor,
+        all_finite: Tensor,
+        *,
+        measure: bool = False,
     ) -> Verdict:
         present = [grad for grad in grads if grad is not None]
         if not present:
             return Verdict(all_finite, False)
+        if measure:
+            found_inf, found, amax = self._ops.unscale_check_and_measure(present, scale)
+            return Verdict(found_inf, found, amax)
         return Verdict(*self._ops.unscale_and_check(present, scale))
 
     def unscale_check_and_tally_(
-        self, grads: Sequence[Tensor], scale: Tensor, all_finite: Tensor
+        self, grads: Sequence[Tensor], scale: Tensor, all_finite: Tensor, *, measure: bool = False
     ) -> tuple[Verdict, Tensor | None]:
         if not grads:
             return Verdict(all_finite, False), None
-        found_inf, tally, found = self._ops.unscale_check_and_tally(list(grads), scale)
-        return Verdict(found_inf, found), tally
+        found_inf, tally, found, amax = self._ops.unscale_check_and_tally(list(grads), scale)
+        return Verdict(found_inf, found, amax if measure else None), tally
 
     def zero_if_found_(self, grads: Sequence[Tensor | None], found_inf: Tensor) -> None:
         self._ops.zero_if_found([grad for grad in grads if grad is not None], found_inf)
 
-    def adjust_(self, found: Tensor, tensors: ScaleTensors, policy: rule.Policy) -> Tensor:
+    def adjust_(
+        self,
+        found: Tensor,
+        tensors: ScaleTensors,
+        policy: rule.Policy,
+        *,
+        amax: Tensor | None = None,
+        iteration: int = 0,
+    ) -> Tensor:
+        if policy.name == "headroom":
+            return self._adjust_headroom_(found, tensors, policy, amax, iteration)
         fired: Tensor = self._ops.update_scale(
             found,
             tensors.scale,
@@ -164,6 +185,52 @@ class FusedCpu:
             policy.backoff_divisor or 0.0,
         )
         return fired
+
+    def _adjust_headroom_(
+        self,
+        found: Tensor,
+        tensors: ScaleTensors,
+        policy: rule.Policy,
+        amax: Tensor | None,
+        iteration: int,
+    ) -> Tensor:
+        factors, limits = self._tables_for(policy.incr_ratio)
+        fired: Tensor = self._ops.update_scale_headroom(
+            found,
+            tensors.amax if amax is None else amax,  # read only when measured
+            amax is not None,
+            iteration,
+            tensors.scale,
+            tensors.incr_count,
+            tensors.decr_count,
+            tensors.margin,
+            tensors.grown_at,
+            tensors.anchor,
+            tensors.amax,
+            policy.incr_every_n_steps,
+            policy.decr_every_n_nan_or_inf,
+            policy.decr_ratio,
+            policy.min_scale,
+            rule.FLOAT32_MAX if policy.max_scale is None else policy.max_scale,
+            policy.backoff_divisor or 0.0,
+            rule.calibration_stride(policy.decr_ratio),
+            rule.CALIBRATION_ITERATIONS,
+            rule.MIN_MARGIN,
+            rule.MAX_MARGIN,
+            factors,
+            limits,
+        )
+        return fired
+
+    def _tables_for(self, incr_ratio: float) -> tuple[Tensor, Tensor]:
+        """rule.py's float32 tables, made once per ratio: the growth factors and the
+        limit of each margin."""
+        if incr_ratio not in self._tables:
+            self._tables[incr_ratio] = (
+                paddle.to_tensor(rule.growth_factors(incr_ratio), place=paddle.CPUPlace()),
+                paddle.to_tensor(rule.margin_limits(), place=paddle.CPUPlace()),
+            )
+        return self._tables[incr_ratio]
 
 
 def _fused_or_paddle() -> FusedCpu | PaddleKernels:
@@ -258,13 +325,18 @@ def _verify(ops: FusedOps) -> None:
             paddle.to_tensor([8.0], dtype=dtype),
             paddle.to_tensor([-np.nan, np.inf, 1.0], dtype=dtype),
         ]
-        found_inf, tally, found = ops.unscale_check_and_tally(grads, scale)
+        found_inf, tally, found, amax = ops.unscale_check_and_tally(grads, scale)
         if (
             not (found and found_inf.numpy()[0])
             or tally.numpy().tolist() != [[2, 1], [0, 0], [1, 1]]
             or grads[1].numpy()[0] != 4.0
+            or amax.numpy()[0] != 8.0
         ):
             raise RuntimeError(f"the compiled unscale-and-tally failed its check on {dtype}")
+        grads = [paddle.to_tensor([-3.0, np.inf, 1.0], dtype=dtype), paddle.to_tensor([6.0])]
+        _, found, amax = ops.unscale_check_and_measure(grads, scale)
+        if not found or amax.numpy()[0] != 6.0 or grads[0].numpy()[0] != -1.5:
+            raise RuntimeError(f"the compiled unscale-and-measure failed its check on {dtype}")
     # [skipped, skip_streak, since_skip, growths, backoffs]: a skip that backs off, then a
     # finite iteration that does not grow.
     counts = paddle.to_tensor([2, 1, 0, 5, 3], dtype="int64")

@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <tuple>
@@ -62,18 +63,65 @@ __attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) bool Unscale
          0x7ff0000000000000ULL;
 }
 
+// The same pass, also measuring the largest finite magnitude as backward left it (the
+// headroom policy's amax). Without the sign bit, non-negative floats order as unsigned
+// integers, and inf and nan are exactly those at or above the exponent mask: two more
+// max-reductions of integers, which vectorise as the first.
+template <typename T, typename Bits, Bits kExponent>
+inline bool UnscaleAndMeasureOne(T* data, int64_t n, T inverse, Bits* largest_finite) {
+  constexpr Bits kMagnitude = ~Bits{0} >> 1;
+  Bits exponent_max = 0, finite_max = 0;
+#pragma omp simd reduction(max : exponent_max, finite_max)
+  for (int64_t i = 0; i < n; ++i) {
+    Bits raw;
+    std::memcpy(&raw, &data[i], sizeof(raw));
+    const Bits magnitude = raw & kMagnitude;
+    const Bits finite_magnitude = magnitude < kExponent ? magnitude : 0;
+    finite_max = finite_magnitude > finite_max ? finite_magnitude : finite_max;
+    const T value = data[i] * inverse;
+    data[i] = value;
+    Bits bits;
+    std::memcpy(&bits, &value, sizeof(bits));
+    const Bits exponent = bits & kExponent;
+    exponent_max = exponent > exponent_max ? exponent : exponent_max;
+  }
+  *largest_finite = finite_max;
+  return exponent_max == kExponent;
+}
+
+__attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) bool MeasureFloat(
+    float* data, int64_t n, float inverse, float* amax) {
+  uint32_t bits = 0;
+  const bool found = UnscaleAndMeasureOne<float, uint32_t, 0x7f800000U>(data, n, inverse, &bits);
+  std::memcpy(amax, &bits, sizeof(bits));
+  return found;
+}
+
+__attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) bool MeasureDouble(
+    double* data, int64_t n, double inverse, float* amax) {
+  uint64_t bits = 0;
+  const bool found =
+      UnscaleAndMeasureOne<double, uint64_t, 0x7ff0000000000000ULL>(data, n, inverse, &bits);
+  double largest;
+  std::memcpy(&largest, &bits, sizeof(bits));
+  // Rounded as Paddle's cast rounds a float64 amax on the other path.
+  *amax = static_cast<float>(largest);
+  return found;
+}
+
 // The same pass, also counting the tensor's inf and nan elements as backward left them
 // (before the multiply). Without its sign bit an inf is exactly the exponent mask and a
 // nan is above it; compared as signed integers (the sign is cleared) these are two
 // vector compares. The counters have the element's width, so that the loop vectorises
-// as the plain one does; chunks keep them from wrapping.
+// as the plain one does; chunks keep them from wrapping. The largest finite magnitude
+// (the amax) comes out too: the overflow report and the headroom policy may both be on.
 template <typename T, typename Bits, Bits kExponent>
 inline bool UnscaleAndTallyOne(T* data, int64_t n, T inverse, int64_t* infs_out,
-                               int64_t* nans_out) {
+                               int64_t* nans_out, Bits* largest_finite) {
   using Signed = std::make_signed_t<Bits>;
   constexpr Bits kMagnitude = ~Bits{0} >> 1;
   constexpr int64_t kChunk = int64_t{1} << 30;
-  Bits nonfinite = 0;
+  Bits nonfinite = 0, finite_max = 0;
   int64_t infs = 0, nans = 0;
   for (int64_t start = 0; start < n; start += kChunk) {
     const int64_t end = std::min(n, start + kChunk);
@@ -86,6 +134,9 @@ inline bool UnscaleAndTallyOne(T* data, int64_t n, T inverse, int64_t* infs_out,
       const Signed magnitude = static_cast<Signed>(raw & kMagnitude);
       chunk_infs += static_cast<Bits>(magnitude == static_cast<Signed>(kExponent));
       chunk_nans += static_cast<Bits>(magnitude > static_cast<Signed>(kExponent));
+      const Bits finite_magnitude =
+          magnitude < static_cast<Signed>(kExponent) ? static_cast<Bits>(magnitude) : 0;
+      finite_max = finite_magnitude > finite_max ? finite_magnitude : finite_max;
       const T value = data[i] * inverse;
       data[i] = value;
       Bits bits;
@@ -97,18 +148,28 @@ inline bool UnscaleAndTallyOne(T* data, int64_t n, T inverse, int64_t* infs_out,
   }
   *infs_out = infs;
   *nans_out = nans;
+  *largest_finite = finite_max;
   return nonfinite != 0;
 }
 
 __attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) bool TallyFloat(
-    float* data, int64_t n, float inverse, int64_t* infs, int64_t* nans) {
-  return UnscaleAndTallyOne<float, uint32_t, 0x7f800000U>(data, n, inverse, infs, nans);
+    float* data, int64_t n, float inverse, int64_t* infs, int64_t* nans, float* amax) {
+  uint32_t bits = 0;
+  const bool found =
+      UnscaleAndTallyOne<float, uint32_t, 0x7f800000U>(data, n, inverse, infs, nans, &bits);
+  std::memcpy(amax, &bits, sizeof(bits));
+  return found;
 }
 
 __attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) bool TallyDouble(
-    double* data, int64_t n, double inverse, int64_t* infs, int64_t* nans) {
-  return UnscaleAndTallyOne<double, uint64_t, 0x7ff0000000000000ULL>(data, n, inverse, infs,
-                                                                    nans);
+    double* data, int64_t n, double inverse, int64_t* infs, int64_t* nans, float* amax) {
+  uint64_t bits = 0;
+  const bool found = UnscaleAndTallyOne<double, uint64_t, 0x7ff0000000000000ULL>(
+      data, n, inverse, infs, nans, &bits);
+  double largest;
+  std::memcpy(&largest, &bits, sizeof(bits));
+  *amax = static_cast<float>(largest);
+  return found;
 }
 
 bool IsFloat64(const paddle::Tensor& x) { return x.dtype() == paddle::DataType::FLOAT64; }
@@ -139,6 +200,12 @@ paddle::Tensor FlagOf(bool found) {
   return flag;
 }
 
+paddle::Tensor FloatOf(float value) {
+  paddle::Tensor number = paddle::empty({1}, paddle::DataType::FLOAT32, paddle::CPUPlace());
+  number.data<float>()[0] = value;
+  return number;
+}
+
 }  // namespace
 
 // Multiplies every tensor of `xs` (float32 and float64 may mix) in place by 1/scale and
@@ -159,9 +226,30 @@ std::tuple<paddle::Tensor, bool> UnscaleAndCheck(const Tensors& xs,
   return {FlagOf(found), found};
 }
 
+// UnscaleAndCheck, also returning the largest finite magnitude among the tensors as they
+// came (the headroom policy's amax) as a float32 [1] tensor.
+std::tuple<paddle::Tensor, bool, paddle::Tensor> UnscaleCheckAndMeasure(
+    const Tensors& xs, const paddle::Tensor& scale) {
+  RequireFloatsOnCpu(xs, "unscale_check_and_measure");
+  const double scale_value = ScaleOf(scale);
+  const float inverse_float = 1.0f / static_cast<float>(scale_value);
+  const double inverse_double = 1.0 / scale_value;
+  bool found = false;
+  float amax = 0.0f;
+  for (const auto& x : xs) {
+    auto& tensor = const_cast<paddle::Tensor&>(x);
+    float largest = 0.0f;
+    found |= IsFloat64(x)
+                 ? MeasureDouble(tensor.data<double>(), x.numel(), inverse_double, &largest)
+                 : MeasureFloat(tensor.data<float>(), x.numel(), inverse_float, &largest);
+    amax = std::max(amax, largest);
+  }
+  return {FlagOf(found), found, FloatOf(amax)};
+}
+
 // UnscaleAndCheck, also returning int64 [len(xs), 2]: (infs, nans) of each tensor before
-// it was unscaled, for overflow_report.py.
-std::tuple<paddle::Tensor, paddle::Tensor, bool> UnscaleCheckAndTally(
+// it was unscaled, for overflow_report.py, and the amax as UnscaleCheckAndMeasure does.
+std::tuple<paddle::Tensor, paddle::Tensor, bool, paddle::Tensor> UnscaleCheckAndTally(
     const Tensors& xs, const paddle::Tensor& scale) {
   RequireFloatsOnCpu(xs, "unscale_check_and_tally");
   const double scale_value = ScaleOf(scale);
@@ -171,16 +259,19 @@ std::tuple<paddle::Tensor, paddle::Tensor, bool> UnscaleCheckAndTally(
   paddle::Tensor tally = paddle::empty({count, 2}, paddle::DataType::INT64, paddle::CPUPlace());
   int64_t* counts = tally.data<int64_t>();
   bool found = false;
+  float amax = 0.0f;
   for (int64_t k = 0; k < count; ++k) {
     auto& tensor = const_cast<paddle::Tensor&>(xs[k]);
     int64_t* infs = counts + 2 * k;
+    float largest = 0.0f;
     found |= IsFloat64(tensor)
                  ? TallyDouble(tensor.data<double>(), tensor.numel(), inverse_double, infs,
-                               infs + 1)
+                               infs + 1, &largest)
                  : TallyFloat(tensor.data<float>(), tensor.numel(), inverse_float, infs,
-                              infs + 1);
+                              infs + 1, &largest);
+    amax = std::max(amax, largest);
   }
-  return {FlagOf(found), tally, found};
+  return {FlagOf(found), tally, found, FloatOf(amax)};
 }
 
 // Zeroes every tensor of `xs` when `found` holds: a plain SGD step then changes nothing.
@@ -194,40 +285,97 @@ void ZeroIfFound(const Tensors& xs, const paddle::Tensor& found) {
   }
 }
 
-// One step of rule.adjust, in place on the float32 scale and the int32 counters, with the
-// arithmetic of Paddle's update_loss_scaling kernel: products in float32, a growth that
-// would leave float32's range refused. The bounds apply as the rule says (max_scale is
-// +inf for none), and a backoff_divisor above 0 backs off dividing by it (MindSpore's
-// functional scaler) rather than multiplying by decr_ratio. Returns whether the rule
-// fired, as a bool [1] tensor.
+// One step of rule.adjust on the host values of the scale and the int32 counters, with
+// the arithmetic of Paddle's update_loss_scaling kernel: products in float32, a growth
+// that would leave float32's range refused. The bounds apply as the rule says (max_scale
+// is +inf for none), and a backoff_divisor above 0 backs off dividing by it (MindSpore's
+// functional scaler) rather than multiplying by decr_ratio. Returns whether it fired.
+bool AdjustInterval(bool found, float* scale, int32_t* incr, int32_t* decr,
+                    int incr_every_n_steps, int decr_every_n_nan_or_inf, float incr_ratio,
+                    float decr_ratio, float min_scale, float max_scale, float backoff_divisor) {
+  if (found) {
+    *incr = 0;
+    if (++*decr == decr_every_n_nan_or_inf) {
+      const float lowered = backoff_divisor > 0.0f ? *scale / backoff_divisor : *scale * decr_ratio;
+      *scale = std::max(lowered, min_scale);
+      *decr = 0;
+      return true;
+    }
+    return false;
+  }
+  *decr = 0;
+  if (++*incr == incr_every_n_steps) {
+    const float grown = *scale * incr_ratio;
+    if (std::isfinite(grown)) *scale = std::min(grown, max_scale);
+    *incr = 0;
+    return true;
+  }
+  return false;
+}
+
+// rule.adjust in place on the tensors; returns whether it fired, a bool [1] tensor.
 paddle::Tensor UpdateScale(const paddle::Tensor& found, paddle::Tensor& scale,
                            paddle::Tensor& incr_count, paddle::Tensor& decr_count,
                            int incr_every_n_steps, int decr_every_n_nan_or_inf, float incr_ratio,
                            float decr_ratio, float min_scale, float max_scale,
                            float backoff_divisor) {
+  return FlagOf(AdjustInterval(found.data<bool>()[0], scale.data<float>(),
+                               incr_count.data<int32_t>(), decr_count.data<int32_t>(),
+                               incr_every_n_steps, decr_every_n_nan_or_inf, incr_ratio,
+                               decr_ratio, min_scale, max_scale, backoff_divisor));
+}
+
+// rule.adjust_headroom in place: `memory` is the policy's int32 [margin, grown_at] and
+// `floats` its float32 [anchor, last_amax]; `growth_factors` (incr_ratio ** k, k = 0..K)
+// and `limits` (FLOAT16_MAX / 2 ** margin) are rule.py's float32 tables, so that every
+// form compares the same bits. `measured` False: the amax was not measured this
+// iteration, and only the interval rule's back-off runs. Returns whether it fired.
+paddle::Tensor UpdateScaleHeadroom(
+    const paddle::Tensor& found_inf, const paddle::Tensor& amax_tensor, bool measured,
+    int64_t iteration, paddle::Tensor& scale, paddle::Tensor& incr_count,
+    paddle::Tensor& decr_count, paddle::Tensor& margin, paddle::Tensor& grown_at,
+    paddle::Tensor& anchor, paddle::Tensor& last_amax, int incr_every_n_steps,
+    int decr_every_n_nan_or_inf, float decr_ratio, float min_scale, float cap,
+    float backoff_divisor, float calibration_stride, int64_t calibration_iterations,
+    int min_margin, int max_margin, const paddle::Tensor& growth_factors,
+    const paddle::Tensor& limits) {
+  const bool found = found_inf.data<bool>()[0];
   float* scale_value = scale.data<float>();
   int32_t* incr = incr_count.data<int32_t>();
-  int32_t* decr = decr_count.data<int32_t>();
-  bool fired = false;
-  if (found.data<bool>()[0]) {
-    *incr = 0;
-    if (++*decr == decr_every_n_nan_or_inf) {
-      const float lowered =
-          backoff_divisor > 0.0f ? *scale_value / backoff_divisor : *scale_value * decr_ratio;
-      *scale_value = std::max(lowered, min_scale);
-      *decr = 0;
-      fired = true;
-    }
-  } else {
-    *decr = 0;
-    if (++*incr == incr_every_n_steps) {
-      const float grown = *scale_value * incr_ratio;
-      if (std::isfinite(grown)) *scale_value = std::min(grown, max_scale);
-      *incr = 0;
-      fired = true;
-    }
+  const bool backed_off = AdjustInterval(
+      found, scale_value, incr, decr_count.data<int32_t>(), std::numeric_limits<int32_t>::max(),
+      decr_every_n_nan_or_inf, 0.0f, decr_ratio, min_scale, cap, backoff_divisor);
+  if (!measured) return FlagOf(backed_off);
+  float s = *scale_value;
+  if (backed_off && iteration <= calibration_iterations) {
+    s = std::max(s * calibration_stride, min_scale);
   }
-  return FlagOf(fired);
+  const float amax = amax_tensor.data<float>()[0];
+  int32_t* margin_value = margin.data<int32_t>();
+  int32_t* grown_at_value = grown_at.data<int32_t>();
+  const bool usable = !found && amax > 0.0f;
+  const bool learn = s < anchor.data<float>()[0] &&
+                     iteration - *grown_at_value <= incr_every_n_steps / 4;
+  const bool quiet = usable && *incr >= incr_every_n_steps;
+  *margin_value = std::min(std::max(*margin_value + learn - quiet, min_margin), max_margin);
+  if (quiet) *incr = 0;
+  bool grew = false;
+  if (usable) {
+    const float* factors = growth_factors.data<float>();
+    const float limit = limits.data<float>()[*margin_value];
+    int64_t steps = 0;
+    for (int64_t k = 1; k < growth_factors.numel(); ++k) steps += amax * factors[k] <= limit;
+    const float grown = std::min(s * factors[steps], cap);
+    if (grown > s) {
+      s = grown;
+      grew = true;
+      *grown_at_value = static_cast<int32_t>(iteration);
+    }
+    last_amax.data<float>()[0] = amax;
+  }
+  *scale_value = s;
+  anchor.data<float>()[0] = s;
+  return FlagOf(backed_off || grew);
 }
 
 // One iteration's statistics, in place: `counts` is statistics.py's int64 [5]
@@ -254,8 +402,10 @@ void CountIteration(paddle::Tensor& counts, const paddle::Tensor& found,
 // The name Python imports, given by fused_cpu.py at build time.
 PYBIND11_MODULE(PADDLE_AMP_SCALER_MODULE, module) {
   module.def("unscale_and_check", &UnscaleAndCheck);
+  module.def("unscale_check_and_measure", &UnscaleCheckAndMeasure);
   module.def("unscale_check_and_tally", &UnscaleCheckAndTally);
   module.def("zero_if_found", &ZeroIfFound);
   module.def("update_scale", &UpdateScale);
+  module.def("update_scale_headroom", &UpdateScaleHeadroom);
   module.def("count_iteration", &CountIteration);
 }

@@ -29,9 +29,11 @@ Facts kept here:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
+import numpy as np
 import paddle
 from paddle import Tensor
 
@@ -51,29 +53,49 @@ _C_ops: Any = paddle._C_ops
 GradGroups = dict[Any, list[Tensor]]
 
 FLOAT32_MAX = 3.4028234663852886e38
+_INT32_MAX = 2**31 - 1
 
 
 class PaddleKernels:
     """The unscale path on Paddle's kernels: one launch per dtype group, however many
-    tensors; the update rule in one ``update_loss_scaling`` launch for default bounds."""
+    tensors; the interval rule in one ``update_loss_scaling`` launch for default bounds.
+
+    The headroom policy measures the amax one iteration in ``measure_every`` (and in
+    each of the first ones): one operation per gradient then, and some thirty for its
+    rule, so that a step costs on average about what the interval rule's does.
+    """
 
     name = "paddle"
+    measure_every = 64
     # Statistics are kept per iteration and added up in batches (statistics.py).
     count_iteration_ = None
 
+    def __init__(self) -> None:
+        self._headroom_constants: dict[tuple[rule.Policy, str], _HeadroomConstants] = {}
+
     def unscale_and_check_(
-        self, grads: Sequence[Tensor | None], scale: Tensor, all_finite: Tensor
+        self,
+        grads: Sequence[Tensor | None],
+        scale: Tensor,
+        all_finite: Tensor,
+        *,
+        measure: bool = False,
     ) -> Verdict:
         """Multiply ``grads`` (any dtypes, None for a missing one) in place by 1/scale and
-        check them for inf/nan. ``all_finite`` is the flag when there is nothing to check."""
+        check them for inf/nan. ``all_finite`` is the flag when there is nothing to check.
+        With ``measure``, the verdict also carries the largest magnitude among the grads
+        as they came (float32 [1]; NaN is passed over, inf is not)."""
+        groups = grads_by_dtype_of(grads)
+        # Measured first: the unscale below writes the gradients in place.
+        amax = _largest_magnitude(groups) if measure and groups else None
         flags = [
             _C_ops.check_finite_and_unscale_(group, _scale_for(dtype, scale))[1]
-            for dtype, group in grads_by_dtype_of(grads).items()
+            for dtype, group in groups.items()
         ]
-        return Verdict(any_of(flags) if flags else all_finite)
+        return Verdict(any_of(flags) if flags else all_finite, amax=amax)
 
     def unscale_check_and_tally_(
-        self, grads: Sequence[Tensor], scale: Tensor, all_finite: Tensor
+        self, grads: Sequence[Tensor], scale: Tensor, all_finite: Tensor, *, measure: bool = False
     ) -> tuple[Verdict, Tensor | None]:
         """``unscale_and_check_`` of ``grads`` (each present and non-empty), also counting
         each one's inf and nan elements before it is unscaled: an int64 [len(grads), 2]
@@ -84,7 +106,7 @@ class PaddleKernels:
         tally = paddle.stack(
             [paddle.stack([paddle.isinf(grad).sum(), paddle.isnan(grad).sum()]) for grad in grads]
         )
-        return self.unscale_and_check_(grads, scale, all_finite), tally
+        return self.unscale_and_check_(grads, scale, all_finite, measure=measure), tally
 
     def zero_if_found_(self, grads: Sequence[Tensor | None], found_inf: Tensor) -> None:
         """Set every gradient (None for a missing one) to zero when ``found_inf`` holds,
@@ -100,14 +122,28 @@ class PaddleKernels:
                 group, found_inf, scale, counter, counter, 1, 1, 2.0, 0.5, True
             )
 
-    def adjust_(self, found: Tensor, tensors: ScaleTensors, policy: rule.Policy) -> Tensor:
-        """``rule.adjust`` in place from a bool [1] verdict; returns whether the rule fired,
-        a bool [1] tensor. Nothing is read.
+    def adjust_(
+        self,
+        found: Tensor,
+        tensors: ScaleTensors,
+        policy: rule.Policy,
+        *,
+        amax: Tensor | None = None,
+        iteration: int = 0,
+    ) -> Tensor:
+        """``rule.advance`` in place from a bool [1] verdict (and, in a measured iteration
+        of the headroom policy, the amax, float32 [1]; ``iteration`` is its number);
+        returns whether the rule fired, a bool [1] tensor. Nothing is read."""
+        if policy.name == "headroom":
+            return self._adjust_headroom_(found, tensors, policy, amax, iteration)
+        return self._adjust_interval_(found, tensors, policy)
 
-        The kernel floors at 1.0 and multiplies: a lower ``min_scale`` or a
-        ``backoff_divisor`` redoes its back-off, a higher floor or a ``max_scale`` clips
-        after it (no operation for the default policy).
-        """
+    def _adjust_interval_(
+        self, found: Tensor, tensors: ScaleTensors, policy: rule.Policy
+    ) -> Tensor:
+        """``rule.adjust``. The kernel floors at 1.0 and multiplies: a lower ``min_scale``
+        or a ``backoff_divisor`` redoes its back-off, a higher floor or a ``max_scale``
+        clips after it (no operation for the default policy)."""
         scale, incr_count, decr_count = tensors.scale, tensors.incr_count, tensors.decr_count
         redo_backoff = policy.min_scale < 1.0 or policy.backoff_divisor is not None
         before = scale.clone() if redo_backoff else None
@@ -140,6 +176,90 @@ class PaddleKernels:
         if policy.min_scale > 1.0 or policy.max_scale is not None:
             clip_(scale, policy.min_scale, policy.max_scale)
         return fired
+
+    def _adjust_headroom_(
+        self,
+        found: Tensor,
+        tensors: ScaleTensors,
+        policy: rule.Policy,
+        amax: Tensor | None,
+        iteration: int,
+    ) -> Tensor:
+        """``rule.adjust_headroom``: the interval rule's back-off, never growing, in every
+        iteration (its cost, no more); in a measured one, the rest of the rule in some
+        thirty operations on tensors that never leave the device."""
+        never_growing = dataclasses.replace(policy, incr_every_n_steps=_INT32_MAX)
+        backed_off = self._adjust_interval_(found, tensors, never_growing)
+        if amax is None:
+            return backed_off
+        known = self._constants_for(policy, tensors.scale)
+        scale, margin, incr_count = tensors.scale, tensors.margin, tensors.incr_count
+        if iteration <= rule.CALIBRATION_ITERATIONS:
+            lowered = _C_ops.maximum(scale * known.calibration_stride, known.min_scale)
+            paddle.assign(_C_ops.where(backed_off, lowered, scale), output=scale)
+        now = paddle.full([1], iteration, dtype=paddle.int32)
+        recent = paddle.greater_equal(tensors.grown_at, now - policy.incr_every_n_steps // 4)
+        learn = paddle.logical_and(paddle.less_than(scale, tensors.anchor), recent)
+        usable = paddle.logical_and(
+            paddle.logical_not(found), paddle.greater_than(amax, known.zero)
+        )
+        quiet = paddle.logical_and(usable, paddle.greater_equal(incr_count, known.period))
+        step = learn.astype(paddle.int32) - quiet.astype(paddle.int32)
+        _C_ops.clip_(_C_ops.add_(margin, step), rule.MIN_MARGIN, rule.MAX_MARGIN)
+        paddle.assign(_C_ops.where(quiet, known.zero_count, incr_count), output=incr_count)
+        # How many growth steps fit below the margin's limit; none where nothing was
+        # usable (an inf amax fits none).
+        usable_amax = _C_ops.where(usable, amax, known.infinity)
+        limit = paddle.gather(known.limits, margin)
+        fits = paddle.less_equal(usable_amax * known.growth_factors, limit)
+        grown = _C_ops.minimum(scale * paddle.gather(known.factors, fits.sum()), known.cap)
+        grew = paddle.greater_than(grown, scale)
+        paddle.assign(grown, output=scale)
+        paddle.assign(_C_ops.where(grew, now, tensors.grown_at), output=tensors.grown_at)
+        paddle.assign(_C_ops.where(usable, amax, tensors.amax), output=tensors.amax)
+        paddle.assign(scale, output=tensors.anchor)
+        return paddle.logical_or(backed_off, grew)
+
+    def _constants_for(self, policy: rule.Policy, beside: Tensor) -> _HeadroomConstants:
+        key = (policy, str(beside.place))
+        if key not in self._headroom_constants:
+            self._headroom_constants[key] = _HeadroomConstants(policy, beside.place)
+        return self._headroom_constants[key]
+
+
+class _HeadroomConstants:
+    """The headroom rule's constants as device tensors, made once per policy and place:
+    a measured iteration then makes no tensor from a host value but its number."""
+
+    def __init__(self, policy: rule.Policy, place: Any) -> None:
+        def on_device(values: Any, dtype: Any) -> Tensor:
+            return paddle.to_tensor(values, dtype=dtype, place=place)
+
+        self.calibration_stride = rule.calibration_stride(policy.decr_ratio)
+        self.min_scale = on_device([policy.min_scale], paddle.float32)
+        cap = rule.FLOAT32_MAX if policy.max_scale is None else policy.max_scale
+        self.cap = on_device([cap], paddle.float32)
+        self.zero = on_device([0.0], paddle.float32)
+        self.infinity = on_device([np.inf], paddle.float32)
+        self.zero_count = on_device([0], paddle.int32)
+        self.period = on_device([policy.incr_every_n_steps], paddle.int32)
+        factors = rule.growth_factors(policy.incr_ratio)
+        self.factors = on_device(factors, paddle.float32)
+        self.growth_factors = on_device(factors[1:], paddle.float32)
+        self.limits = on_device(rule.margin_limits(), paddle.float32)
+
+
+def _largest_magnitude(groups: GradGroups) -> Tensor:
+    """The largest magnitude in every gradient of ``groups``, float32 [1]: one operation
+    per gradient, and two or three per dtype group."""
+    largest: Tensor | None = None
+    for group in groups.values():
+        norms = paddle.stack([_C_ops.p_norm(grad, np.inf, 0, 1e-12, False, True) for grad in group])
+        group_max = _C_ops.max(norms, [], True)
+        if group_max.dtype != paddle.float32:
+            group_max = group_max.astype(paddle.float32)
+        largest = group_max if largest is None else _C_ops.maximum(largest, group_max)
+    return cast(Tensor, largest)
 
 
 def grads_by_dtype_of(grads: Iterable[Tensor | None]) -> GradGroups:
@@ -185,6 +305,17 @@ def unscaled(tensor: Tensor, scale: Tensor) -> Tensor:
     if tensor.dtype in (paddle.float16, paddle.bfloat16):
         return (tensor.astype(paddle.float32) * inverse).astype(tensor.dtype)
     return tensor * inverse
+
+
+def largest_of(amaxes: Sequence[Tensor | None]) -> Tensor | None:
+    """The largest of float32 [1] amaxes, on the device; None if any is None (an
+    iteration is measured only where every unscale in it was)."""
+    if not amaxes or any(amax is None for amax in amaxes):
+        return None
+    largest = cast(Tensor, amaxes[0])
+    for amax in amaxes[1:]:
+        largest = _C_ops.maximum(largest, amax)
+    return largest
 
 
 def any_of(flags: Sequence[Tensor]) -> Tensor:

@@ -51,13 +51,19 @@ class OverflowRecorder:
         self._params: dict[str, Any] = {}  # the parameters of self._last, by Paddle name
 
     def unscale_and_count_(
-        self, params: list[Any], grads: list[Tensor | None], scale: Tensor, all_finite: Tensor
+        self,
+        params: list[Any],
+        grads: list[Tensor | None],
+        scale: Tensor,
+        all_finite: Tensor,
+        *,
+        measure: bool = False,
     ) -> Verdict:
         """The unscale path's ``unscale_and_check_`` of ``grads``, the gradients of ``params``,
         queueing each one's inf and nan counts, taken before it is unscaled."""
         checked = [(param, grad) for param, grad in zip(params, grads) if kernels.is_checked(grad)]
         verdict, tally = self._path.unscale_check_and_tally_(
-            [grad for _, grad in checked], scale, all_finite
+            [grad for _, grad in checked], scale, all_finite, measure=measure
         )
         if tally is not None:
             self._pending.append(([(param, grad.dtype) for param, grad in checked], tally))

@@ -13,25 +13,42 @@ from .pickling import TensorsOnHost
 
 
 class ScaleTensors(TensorsOnHost):
-    """The scale (float32 [1]) and its two streak counters (int32 [1]) on one place.
+    """The scale (float32 [1]), its two streak counters (int32 [1]) and the headroom
+    policy's memory (``margin`` and ``grown_at``, int32 [1]; ``anchor`` and ``amax``,
+    float32 [1]) on one place.
 
     Updated in place by the unscale path's form of the rule; read by the getters,
     ``stats()`` and ``state_dict()`` only. ``scale`` is the tensor Paddle's trainers know
-    as the scaler's ``_scale``.
+    as the scaler's ``_scale``. The iteration count lives on the host (the statistics').
     """
 
     def __init__(self, scale: float, place: Any) -> None:
+        initial = rule.LossScaleState(scale)
         self.scale = paddle.to_tensor([scale], dtype="float32", place=place)
         self.incr_count = paddle.to_tensor([0], dtype="int32", place=place)
         self.decr_count = paddle.to_tensor([0], dtype="int32", place=place)
+        self.margin = paddle.to_tensor([initial.margin], dtype="int32", place=place)
+        self.anchor = paddle.to_tensor([initial.anchor], dtype="float32", place=place)
+        self.grown_at = paddle.to_tensor([initial.grown_at], dtype="int32", place=place)
+        self.amax = paddle.to_tensor([initial.amax], dtype="float32", place=place)
 
-    def read(self, policy: rule.Policy) -> rule.LossScaleState:
-        """The numbers as a host state (one read of the device per tensor)."""
+    def read(self, policy: rule.Policy, iteration: int = 0) -> rule.LossScaleState:
+        """The numbers as a host state, after ``iteration`` iterations (one read)."""
+        tensors = (self.scale, self.incr_count, self.decr_count, self.margin, self.anchor)
+        numbers = paddle.concat(
+            [tensor.astype("float64") for tensor in (*tensors, self.grown_at, self.amax)]
+        )
+        scale, incr, decr, margin, anchor, grown_at, amax = numbers.numpy().tolist()
         return rule.LossScaleState(
-            read_number(self.scale),
-            int(read_number(self.incr_count)),
-            int(read_number(self.decr_count)),
+            scale,
+            int(incr),
+            int(decr),
             policy,
+            margin=int(margin),
+            anchor=anchor,
+            grown_at=int(grown_at),
+            amax=amax,
+            iteration=iteration,
         )
 
     def load(self, state: rule.LossScaleState) -> None:
@@ -39,6 +56,10 @@ class ScaleTensors(TensorsOnHost):
         self.scale.fill_(state.scale)
         self.incr_count.fill_(state.incr_count)
         self.decr_count.fill_(state.decr_count)
+        self.margin.fill_(state.margin)
+        self.anchor.fill_(state.anchor)
+        self.grown_at.fill_(state.grown_at)
+        self.amax.fill_(state.amax)
 
 
 def read_number(tensor: Tensor) -> float:

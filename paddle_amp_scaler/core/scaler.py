@@ -18,6 +18,7 @@ source to keep it so):
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -91,12 +92,13 @@ class OptimizerRecord:
 class AmpScaler(Accessors, TensorsOnHost):
     """Dynamic loss scaling for Paddle dygraph, with the API of Paddle's ``AmpScaler``.
 
-    Once per iteration the scale moves by ``rule.adjust`` (back off after
-    ``decr_every_n_nan_or_inf`` iterations with inf/nan, grow after
-    ``incr_every_n_steps`` finite ones), and a step whose gradients hold inf/nan leaves
-    parameters and optimizer state untouched. The scale, both counters and the verdict
-    stay on the device: ``scale``, ``unscale_``, ``minimize``, ``step`` and ``update``
-    never wait for it; the getters, ``stats`` and ``state_dict`` read it back.
+    Once per iteration the scale moves by its policy: ``rule.adjust`` by default (back
+    off after ``decr_every_n_nan_or_inf`` iterations with inf/nan, grow after
+    ``incr_every_n_steps`` finite ones), or ``rule.adjust_headroom`` (grow as soon as the
+    gradients leave room below float16's ceiling), and a step whose gradients hold
+    inf/nan leaves parameters and optimizer state untouched. The scale, both counters
+    and the verdict stay on the device: ``scale``, ``unscale_``, ``minimize``, ``step``
+    and ``update`` never wait for it; the getters, ``stats`` and ``state_dict`` read it.
 
     Args:
         enable: False makes every method a pass-through (``scale`` returns the loss).
@@ -107,6 +109,10 @@ class AmpScaler(Accessors, TensorsOnHost):
         decr_every_n_nan_or_inf: iterations with inf/nan in a row before a back-off.
         use_dynamic_loss_scaling: False keeps the scale fixed (steps with inf/nan are
             still skipped).
+        policy: how the dynamic scale moves: ``"interval"`` (Paddle's rule) or
+            ``"headroom"`` (measures the gradients' largest magnitude and keeps it a
+            learned margin below float16's ceiling; ``incr_every_n_steps`` is then how
+            long a quiet stretch lasts before it tries one bit closer).
         min_loss_scaling: the scale never falls below it (default 1.0; a value below
             1.0 is honoured too).
         max_loss_scaling: the scale never grows above it (default None: float32's
@@ -137,6 +143,7 @@ class AmpScaler(Accessors, TensorsOnHost):
         decr_every_n_nan_or_inf: int = 1,
         use_dynamic_loss_scaling: bool = True,
         *,
+        policy: str = "interval",
         min_loss_scaling: float = 1.0,
         max_loss_scaling: float | None = None,
         place: Any = None,
@@ -160,6 +167,7 @@ class AmpScaler(Accessors, TensorsOnHost):
             ),
             min_scale=lower,
             max_scale=upper,
+            name=validation.check_policy(policy),
         )
         self._init_loss_scaling = self._within_bounds(init_loss_scaling, "init_loss_scaling")
         self._use_dynamic_loss_scaling = validation.check_bool(
@@ -244,10 +252,13 @@ class AmpScaler(Accessors, TensorsOnHost):
         params = optimizers.parameters_of(optimizer)
         grads = optimizers.grads_of(params)
         scale, all_finite = self._tensors.scale, self._temp_found_inf_value_false
+        measure = self._measures_now()
         if self._overflows is None:
-            verdict = self._path.unscale_and_check_(grads, scale, all_finite)
+            verdict = self._path.unscale_and_check_(grads, scale, all_finite, measure=measure)
         else:
-            verdict = self._overflows.unscale_and_count_(params, grads, scale, all_finite)
+            verdict = self._overflows.unscale_and_count_(
+                params, grads, scale, all_finite, measure=measure
+            )
         self._record_verdict(record, verdict, params, grads)
 
     # -- the extension interface (EXTENSION_INTERFACE) -----------------------------------
@@ -316,13 +327,18 @@ class AmpScaler(Accessors, TensorsOnHost):
         if found is None and not stepped:
             return False
         self._optimizer_states = defaultdict(OptimizerRecord)
+        amax = None
         if found is None:
             if not any(record.checked for record in stepped):
                 return True  # nothing was observed: nothing for the rule, nothing to count
-            found = kernels.any_of([cast(Verdict, record.verdict).flag for record in stepped])
+            verdicts = [cast(Verdict, record.verdict) for record in stepped if record.checked]
+            found = kernels.any_of([verdict.flag for verdict in verdicts])
+            amax = kernels.largest_of([verdict.amax for verdict in verdicts])
         fired = None
         if update_scale and self._use_dynamic_loss_scaling:
-            fired = self._path.adjust_(found, self._tensors, self._policy)
+            fired = self._path.adjust_(
+                found, self._tensors, self._policy, amax=amax, iteration=self._run.iterations + 1
+            )
         self._run.record(found, fired)
         if self._overflows is not None:
             self._overflows.end_iteration(self._run.iterations, found)
@@ -373,9 +389,26 @@ class AmpScaler(Accessors, TensorsOnHost):
     def _check_given_gradients(self, record: OptimizerRecord, grads: Sequence[Tensor]) -> None:
         # Multiplying by exactly 1 leaves every value as it is: the unscale only checks.
         _refuse_unscale_in(record.stage)
-        ones = paddle.ones_like(self._tensors.scale)
-        verdict = self._path.unscale_and_check_(grads, ones, self._temp_found_inf_value_false)
+        scale = self._tensors.scale
+        verdict = self._path.unscale_and_check_(
+            grads,
+            paddle.ones_like(scale),
+            self._temp_found_inf_value_false,
+            measure=self._measures_now(),
+        )
+        if verdict.amax is not None:
+            # True gradients: their amax as the scaled ones would have had it.
+            verdict = dataclasses.replace(verdict, amax=verdict.amax * scale)
         self._record_verdict(record, verdict, None, list(grads))
+
+    def _measures_now(self) -> bool:
+        """Whether this iteration's unscales measure the amax: the headroom policy's, on
+        its path's schedule (every iteration on a CPU, a few on a GPU)."""
+        return (
+            self._policy.name == "headroom"
+            and self._use_dynamic_loss_scaling
+            and rule.measured(self._run.iterations + 1, self._path.measure_every)
+        )
 
     def _record_verdict(
         self,

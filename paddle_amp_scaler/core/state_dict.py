@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import paddle
 
-from . import validation
+from . import rule, validation
 from .statistics import ScalerStats, parse_stats_state
 
 
@@ -33,6 +33,10 @@ class SavedScaler:
     # Not in Paddle's or PyTorch's dicts: None there, and the scaler keeps its own.
     bounds: tuple[float, float | None] | None = None
     stats: ScalerStats | None = None
+    # Written for the headroom policy only, with its memory (HEADROOM_KEYS); a dict
+    # without them keeps the scaler's policy, and its memory starts afresh.
+    policy: str | None = None
+    headroom: dict[str, Any] | None = None
 
     def to_paddle_dict(self) -> dict[str, Any]:
         fields = {key: getattr(self, key) for key in PADDLE_KEYS}
@@ -41,6 +45,9 @@ class SavedScaler:
             fields["min_loss_scaling"], fields["max_loss_scaling"] = self.bounds
         if self.stats is not None:
             fields["stats"] = self.stats.to_state()
+        if self.policy is not None and self.policy != "interval":
+            fields["policy"] = self.policy
+            fields["headroom"] = dict(self.headroom or {})
         return fields
 
 
@@ -95,6 +102,9 @@ def parse_state_dict(state_dict: Mapping[str, Any]) -> SavedScaler:
 
     incr_every_n_steps = checked("incr_every_n_steps", validation.check_period)
     decr_every_n_nan_or_inf = checked("decr_every_n_nan_or_inf", validation.check_period)
+    policy = _policy_in(state_dict)
+    # The headroom policy counts finite iterations past the period between two looks.
+    counted_up_to = _INT32_MAX if policy == "headroom" else incr_every_n_steps
     return SavedScaler(
         scale=checked("scale", _check_scale_value),
         incr_ratio=checked("incr_ratio", validation.check_incr_ratio),
@@ -102,7 +112,7 @@ def parse_state_dict(state_dict: Mapping[str, Any]) -> SavedScaler:
         incr_every_n_steps=incr_every_n_steps,
         decr_every_n_nan_or_inf=decr_every_n_nan_or_inf,
         incr_count=checked(
-            "incr_count", validation.check_count, incr_every_n_steps, "incr_every_n_steps"
+            "incr_count", validation.check_count, counted_up_to, "incr_every_n_steps"
         ),
         decr_count=checked(
             "decr_count", validation.check_count, decr_every_n_nan_or_inf, "decr_every_n_nan_or_inf"
@@ -114,7 +124,54 @@ def parse_state_dict(state_dict: Mapping[str, Any]) -> SavedScaler:
             if "stats" in state_dict
             else None
         ),
+        policy=policy,
+        headroom=_headroom_in(state_dict),
     )
+
+
+# The headroom policy's memory in a state dict (rule.LossScaleState's fields).
+HEADROOM_KEYS = ("margin", "anchor", "grown_at", "amax")
+_INT32_MAX = 2**31 - 1
+
+
+def _policy_in(state_dict: Mapping[str, Any]) -> str | None:
+    if "policy" not in state_dict:
+        if "headroom" in state_dict:
+            raise ValueError("state_dict has 'headroom' but is missing the key 'policy'")
+        return None
+    try:
+        return validation.check_policy(state_dict["policy"], "state_dict['policy']")
+    except TypeError as error:
+        raise ValueError(str(error)) from None
+
+
+def _headroom_in(state_dict: Mapping[str, Any]) -> dict[str, Any] | None:
+    if state_dict.get("policy") != "headroom":
+        return None
+    memory = state_dict.get("headroom")
+    name = "state_dict['headroom']"
+    if not isinstance(memory, Mapping) or set(memory) != set(HEADROOM_KEYS):
+        raise ValueError(f"{name} must be a dict with the keys {sorted(HEADROOM_KEYS)}")
+    margin, grown_at = memory["margin"], memory["grown_at"]
+    for key, value in (("margin", margin), ("grown_at", grown_at)):
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+            raise ValueError(f"{name}[{key!r}] must be an int, got {value!r}")
+    if not rule.MIN_MARGIN <= margin <= rule.MAX_MARGIN:
+        raise ValueError(
+            f"{name}['margin'] must lie within {rule.MIN_MARGIN} and {rule.MAX_MARGIN}, "
+            f"got {margin!r}"
+        )
+    numbers = {}
+    for key in ("anchor", "amax"):
+        value = memory[key]
+        if (
+            isinstance(value, (bool, np.bool_))
+            or not isinstance(value, (int, float, np.integer, np.floating))
+            or not 0 <= value <= rule.FLOAT32_MAX
+        ):
+            raise ValueError(f"{name}[{key!r}] must be a finite number >= 0, got {value!r}")
+        numbers[key] = float(value)
+    return {"margin": int(margin), "grown_at": int(grown_at), **numbers}
 
 
 def _bounds_in(state_dict: Mapping[str, Any]) -> tuple[float, float | None] | None:

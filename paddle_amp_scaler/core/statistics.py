@@ -8,6 +8,7 @@ ones, finite ones since the last skip, growths and back-offs (``RunStatistics``)
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +17,7 @@ import paddle
 from paddle import Tensor
 
 from .pickling import TensorsOnHost
+from .rule import FLOAT16_MAX
 
 if TYPE_CHECKING:
     from .unscale_paths import UnscalePath
@@ -33,7 +35,10 @@ class ScalerStats:
     (any optimizer found inf/nan); ``skip_streak``, the current run of consecutive
     skipped iterations; ``last_skipped``, the number (1-based) of the last skipped
     iteration, or None; ``growths`` and ``backoffs``, the times the update rule raised
-    or lowered the scale (a back-off held at the floor counts); the current ``scale``.
+    or lowered the scale (a back-off held at the floor counts); the current ``scale``;
+    ``headroom_bits``, under the headroom policy, log2 of float16's largest value over
+    the amax of the last finite measured iteration (how many doublings the gradients
+    had left before inf), None where the policy does not measure it or before the first.
     """
 
     iterations: int
@@ -43,6 +48,7 @@ class ScalerStats:
     growths: int
     backoffs: int
     scale: float
+    headroom_bits: float | None = None
 
     @classmethod
     def nothing_yet(cls, scale: float = 1.0) -> ScalerStats:
@@ -53,6 +59,11 @@ class ScalerStats:
         state = {field: getattr(self, field) for field in _STATE_FIELDS}
         state["last_skipped"] = self.last_skipped or 0
         return state
+
+
+def headroom_bits(amax: float) -> float | None:
+    """log2(FLOAT16_MAX / amax), None for no amax yet (0)."""
+    return math.log2(FLOAT16_MAX / amax) if amax > 0 else None
 
 
 _STATE_FIELDS = ("iterations", "skipped", "skip_streak", "last_skipped", "growths", "backoffs")
@@ -155,11 +166,15 @@ class RunStatistics(TensorsOnHost):
             ]
         )
 
-    def read(self, scale: Tensor) -> ScalerStats:
-        """The counts and ``scale``, in one read of the device."""
+    def read(self, scale: Tensor, amax: Tensor | None = None) -> ScalerStats:
+        """The counts, ``scale`` and, for the headroom policy, the ``amax`` of the last
+        finite measured iteration (0: none yet), in one read of the device."""
         self.count_pending()
-        values = paddle.concat([self._counts.astype(paddle.float64), scale.astype(paddle.float64)])
-        skipped, streak, since_skip, growths, backoffs, current = values.numpy().tolist()
+        extra = [scale] if amax is None else [scale, amax]
+        values = paddle.concat(
+            [self._counts.astype(paddle.float64), *(x.astype(paddle.float64) for x in extra)]
+        )
+        skipped, streak, since_skip, growths, backoffs, current, *measured = values.numpy().tolist()
         last = self.iterations - int(since_skip) if skipped else None
         return ScalerStats(
             self.iterations,
@@ -169,6 +184,7 @@ class RunStatistics(TensorsOnHost):
             int(growths),
             int(backoffs),
             float(current),
+            headroom_bits(measured[0]) if measured else None,
         )
 
     def load(self, stats: ScalerStats) -> None:

@@ -36,21 +36,36 @@ class UnscalePath(Protocol):
     """What a scaler asks of the device: the operations of one training step."""
 
     name: str
+    # The headroom policy measures the amax every this many iterations (rule.measured).
+    measure_every: int
     # Counts an iteration's statistics in place: (counts, found, fired); None where the
     # statistics are kept per iteration and added up in batches instead.
     count_iteration_: Any
 
     def unscale_and_check_(
-        self, grads: Sequence[Tensor | None], scale: Tensor, all_finite: Tensor
+        self,
+        grads: Sequence[Tensor | None],
+        scale: Tensor,
+        all_finite: Tensor,
+        *,
+        measure: bool = False,
     ) -> Verdict: ...
 
     def unscale_check_and_tally_(
-        self, grads: Sequence[Tensor], scale: Tensor, all_finite: Tensor
+        self, grads: Sequence[Tensor], scale: Tensor, all_finite: Tensor, *, measure: bool = False
     ) -> tuple[Verdict, Tensor | None]: ...
 
     def zero_if_found_(self, grads: Sequence[Tensor | None], found_inf: Tensor) -> None: ...
 
-    def adjust_(self, found: Tensor, tensors: ScaleTensors, policy: rule.Policy) -> Tensor: ...
+    def adjust_(
+        self,
+        found: Tensor,
+        tensors: ScaleTensors,
+        policy: rule.Policy,
+        *,
+        amax: Tensor | None = None,
+        iteration: int = 0,
+    ) -> Tensor: ...
 
 
 def unscale_paths() -> list[str]:

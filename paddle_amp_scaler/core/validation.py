@@ -17,6 +17,8 @@ from typing import Any, TypeVar, cast
 
 import numpy as np
 
+from .rule import POLICIES
+
 # The kernels take the step periods as C int attributes.
 _INT32_MAX = 2**31 - 1
 # The device keeps the scale in float32.
@@ -87,6 +89,14 @@ def check_count(value: Any, name: str, period: int, period_name: str) -> int:
             f"{name} must be an int with 0 <= {name} < {period_name} ({period}), got {value!r}"
         )
     return count
+
+
+def check_policy(value: Any, name: str = "policy") -> str:
+    """How the dynamic scale moves: one of ``rule.POLICIES``."""
+    if not isinstance(value, str) or value not in POLICIES:
+        accepted = " or ".join(repr(policy) for policy in POLICIES)
+        raise ValueError(f"{name} must be {accepted}, got {value!r}")
+    return value
 
 
 def check_place(value: Any, name: str = "place") -> Any:
