@@ -29,11 +29,14 @@ _COUNTS = ("skipped", "skip_streak", "since_skip", "growths", "backoffs")
 class ScalerStats:
     """A scaler's run so far, as read by ``stats()``.
 
-    ``iterations`` ended by ``update()``/``minimize()``; how many of them ``skipped``
-    (any optimizer found inf/nan); ``skip_streak``, the current run of consecutive
-    skipped iterations; ``last_skipped``, the number (1-based) of the last skipped
-    iteration, or None; ``growths`` and ``backoffs``, the times the update rule raised
-    or lowered the scale (a back-off held at the floor counts); the current ``scale``.
+    Args:
+        iterations: the iterations ended by ``update()`` or ``minimize()``.
+        skipped: how many of them were skipped (an optimizer found inf/nan).
+        skip_streak: the current run of consecutive skipped iterations.
+        last_skipped: the number (1-based) of the last skipped iteration, or None.
+        growths: the times the update rule raised the scale.
+        backoffs: the times it lowered the scale (a back-off held at the floor counts).
+        scale: the current scale.
     """
 
     iterations: int
