@@ -15,13 +15,22 @@ venv: $(STAMP)
 PROTOBUF_BEFORE_PADDLE_3_3 := "protobuf>=5.29,<7"
 PINS := $(if $(filter 2.6.% 3.0.% 3.1.% 3.2.%,$(PADDLE)),$(PROTOBUF_BEFORE_PADDLE_3_3))
 
+# Quiet but for one line a step and whatever goes wrong: pip's errors, a failed import.
 $(STAMP): pyproject.toml paddle_amp_scaler/core/fused_unscale.cc
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[cpu,test,examples,docs,integrations]" "paddlepaddle==$(PADDLE)" $(PINS)
+	@echo "setting up $(VENV): Paddle $(PADDLE), this package (editable) and its extras; about 2 minutes"
+	@$(PYTHON) -m venv $(VENV)
+	@$(PY) -m pip install --quiet --upgrade pip
+	@# setuptools reports every editable install of a flat layout in a box of asterisks,
+	@# "be careful with folders in your working directory with the same name as your
+	@# package": here that folder is the package. The filter matches that report alone.
+	@PYTHONWARNINGS="$${PYTHONWARNINGS:+$$PYTHONWARNINGS,}ignore:Editable installation" \
+		$(PY) -m pip install --quiet -e ".[cpu,test,examples,docs,integrations]" "paddlepaddle==$(PADDLE)" $(PINS)
 	@# Build the fused CPU kernel now (about 15 s, cached) rather than at the first step.
-	$(PY) -c "from paddle_amp_scaler import kernels; print('unscale paths:', kernels.unscale_paths())"
-	touch $(STAMP)
+	@$(PY) -c "from paddle_amp_scaler import kernels; print('unscale paths:', kernels.unscale_paths())"
+	@# matplotlib builds its font cache on first use and, past 5 s, says so on the demo's
+	@# terminal: build it now, with that note (a logged warning) held back; errors still show.
+	@$(PY) -c "import logging; logging.getLogger('matplotlib').setLevel(logging.ERROR); import matplotlib.font_manager"
+	@touch $(STAMP)
 
 # The main job: train a digits classifier with loss scaling (fp16 emulated on CPU).
 demo: $(STAMP)
@@ -66,10 +75,13 @@ docs-screenshot: $(STAMP)
 test-long: $(STAMP)
 	$(PY) -m pytest -q -m long tests
 
-# The sdist and the wheel, built by the standard frontend into dist/.
+# The sdist and the wheel, built by the standard frontend into dist/. Its log (some 250
+# lines of setuptools, none of them for a user) is printed only when the build fails.
 dist: $(STAMP)
-	rm -rf dist
-	$(PY) -m build --outdir dist .
+	@rm -rf dist
+	@log=$$(mktemp) && trap 'rm -f "$$log"' EXIT && \
+		$(PY) -m build --outdir dist . >"$$log" 2>&1 || { cat "$$log"; exit 1; }
+	@for built in dist/*; do echo "built $$built"; done
 
 clean:
 	rm -rf .venv-paddle* *.egg-info .pytest_cache dist build

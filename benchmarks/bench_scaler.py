@@ -497,6 +497,11 @@ def paired_overhead_ms(seconds, baseline_seconds) -> float:
     return median_ms([took - baseline for took, baseline in zip(seconds, baseline_seconds)])
 
 
+def paired_overhead_iqr_ms(seconds, baseline_seconds) -> float:
+    """The interquartile range of the same per-round differences: the overhead's spread."""
+    return iqr_ms([took - baseline for took, baseline in zip(seconds, baseline_seconds)])
+
+
 def median_ms(seconds) -> float:
     return statistics.median(seconds) * 1e3
 
@@ -545,6 +550,7 @@ def measure_steps(workload, optimizer_name, params, saved, args, rng) -> dict:
             "median_ms": median_ms(samples[name]),
             "iqr_ms": iqr_ms(samples[name]),
             "overhead_ms": paired_overhead_ms(samples[name], samples["none"]),
+            "overhead_iqr_ms": paired_overhead_iqr_ms(samples[name], samples["none"]),
             "host_reads": reads[name],
         }
         for name in steps
@@ -684,6 +690,38 @@ def least_squares_slope(xs, ys) -> float:
     return sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / spread
 
 
+# The standard error of a median over n rounds is about 1.2533 sigma / sqrt(n) for normal
+# noise, and such noise has sigma = IQR / 1.349: so 0.929 IQR / sqrt(n). The IQR is robust
+# to the rare stalled round that a standard deviation would let dominate.
+MEDIAN_STANDARD_ERROR_PER_IQR = 1.2533 / 1.349
+
+
+def slope_noise(xs, runs, impl) -> float:
+    """Twice the standard error of the least-squares slope through the runs' overheads.
+
+    Each overhead is a median over rounds whose own spread (the IQR of its per-round
+    differences) gives its standard error; the slope is a weighted sum of the overheads,
+    with weights (x - mean x) / sum (x - mean x)^2, so its variance is the sum of theirs
+    times the squared weights. A slope inside twice its error, where about 95 in 100
+    slopes of a true zero fall, is within noise: printed as such rather than as a cost of
+    either sign that nothing measured. Workloads run one after another, so a load that
+    changes between them is not in this band.
+    """
+    mean_x = statistics.fmean(xs)
+    spread = sum((x - mean_x) ** 2 for x in xs)
+    variance = sum(
+        ((x - mean_x) / spread) ** 2
+        * (
+            MEDIAN_STANDARD_ERROR_PER_IQR
+            * run["impls"][impl]["overhead_iqr_ms"]
+            / math.sqrt(run["rounds"])
+        )
+        ** 2
+        for x, run in zip(xs, runs)
+    )
+    return 2 * math.sqrt(variance)
+
+
 def slopes_within(runs, fixed, varied, unit) -> list:
     """Slope of ours' and native's step overhead against ``varied`` (per ``unit``), for
     each value of ``fixed`` that workloads with two or more values of ``varied`` share."""
@@ -698,6 +736,7 @@ def slopes_within(runs, fixed, varied, unit) -> list:
         fit = {fixed: value, "workloads": [run["workload"] for run in group]}
         for who, impl in (("ours", "ours-step"), ("native", "native-step")):
             fit[who] = least_squares_slope(xs, [run["impls"][impl]["overhead_ms"] for run in group])
+            fit[f"{who}_noise"] = slope_noise(xs, group, impl)
         fits.append(fit)
     return fits
 
@@ -838,6 +877,23 @@ def print_bandwidth(bandwidth):
         )
 
 
+FEWER_PARAMS_COST_MORE = "the smaller workload cost more"
+LARGER_TENSORS_COST_MORE = "the fewer, larger tensors cost more"
+
+
+def slope_text(fit, who, negative_means) -> str:
+    """The slope, or "within noise" with the band it fell in (``slope_noise``). A slope
+    below zero beyond the noise is no cost but a measured difference, and is named so: the
+    quick profile's 8 tensors of 500k against 64 of 62.5k come out that way for Paddle's
+    SGD in most runs, whichever workload runs first."""
+    slope, noise = fit[who], fit[f"{who}_noise"]
+    if abs(slope) <= noise:
+        return f"within noise (±{noise:.2g})"
+    if slope < 0:
+        return f"{slope:.4g} (beyond the noise, ±{noise:.2g}: {negative_means})"
+    return f"{slope:.4g}"
+
+
 def print_fits(fits):
     print("\n== cost against size (overhead of ours-step and native-step)")
     for optimizer_name, fit in fits.items():
@@ -848,7 +904,8 @@ def print_fits(fits):
                     "ms per M params: n/a (needs two workloads with the same tensor count)"
                     if slope is None
                     else f"ms per M params at {slope['tensors']} tensors: "
-                    f"ours {slope['ours']:.4g}, native {slope['native']:.4g} "
+                    f"ours {slope_text(slope, 'ours', FEWER_PARAMS_COST_MORE)}, "
+                    f"native {slope_text(slope, 'native', FEWER_PARAMS_COST_MORE)} "
                     f"({', '.join(slope['workloads'])})"
                 )
             )
@@ -859,7 +916,8 @@ def print_fits(fits):
                     "ms per tensor: n/a (needs two workloads with the same size)"
                     if slope is None
                     else f"ms per tensor at {format_count(slope['params'])} params: ours "
-                    f"{slope['ours']:.4g}, native {slope['native']:.4g} "
+                    f"{slope_text(slope, 'ours', LARGER_TENSORS_COST_MORE)}, "
+                    f"native {slope_text(slope, 'native', LARGER_TENSORS_COST_MORE)} "
                     f"({', '.join(slope['workloads'])})"
                 )
             )

@@ -69,9 +69,18 @@ def save_checkpoint(
 ) -> None:
     """Write model(s), optimizer(s), scaler, Paddle's RNG state, ``step`` and ``extra``.
 
-    ``model`` and ``optimizer`` may be lists. ``extra`` is any picklable value (data
-    loader position, NumPy RNG state...); :func:`read_checkpoint` gives it back.
-    The write is atomic: readers see the old file or the new one, never a mix.
+    The write is atomic: readers see the old file or the new one, never a mix. Where
+    this Paddle cannot save its RNG state, a ``UserWarning`` says so and the rest is
+    saved.
+
+    Args:
+        path: the file to write; its folder must exist.
+        model: a model (``paddle.nn.Layer``), or a list of them.
+        optimizer: an optimizer (a ``LossScaleOptimizer`` too), or a list of them.
+        scaler: the scaler, whose ``state_dict()`` is saved.
+        step: an int >= 0, what :func:`load_checkpoint` returns.
+        extra: any picklable value (data loader position, NumPy RNG state...);
+            :func:`read_checkpoint` gives it back.
     """
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise ValueError(f"step must be an int >= 0, got {step!r}")
@@ -138,6 +147,16 @@ def load_checkpoint(
     Everything is checked first (file integrity, the number of models and optimizers,
     every name and shape, the scaler state): on any problem a ``CheckpointError``
     naming the path is raised and nothing has changed.
+
+    Args:
+        path: a file written by :func:`save_checkpoint`.
+        model: the model, or list of models, to restore: as many as were saved, in the
+            same order.
+        optimizer: the optimizer, or list of optimizers, likewise.
+        scaler: the scaler to restore.
+
+    Returns:
+        The ``step`` that was saved.
     """
     path = os.fspath(path)
     checkpoint = read_checkpoint(path)

@@ -64,9 +64,19 @@ def _read(scaler: Any) -> tuple[float, ScalerStats | None]:
 def log_stats(writer: Any, scaler: Any, step: int, prefix: str = "amp/") -> ScalerStats | None:
     """Write ``loss_scale``, ``skipped`` (cumulative), ``skip_streak``, ``growths``,
     ``backoffs`` and, under the headroom policy, ``headroom_bits`` through
-    ``writer.add_scalar(prefix + name, value, step)``: one read of the device. Returns
-    the ``ScalerStats`` written; with Paddle's own scaler, which counts nothing, only
-    ``loss_scale`` is written and None returned."""
+    ``writer.add_scalar(prefix + name, value, step)``: one read of the device.
+
+    Args:
+        writer: VisualDL's ``LogWriter``, tensorboardX's ``SummaryWriter``, or anything
+            with their ``add_scalar(tag, value, step)``.
+        scaler: this package's scaler, or Paddle's own, which counts nothing: then only
+            ``loss_scale`` is written.
+        step: the step the values are logged at.
+        prefix: put before each name.
+
+    Returns:
+        The ``ScalerStats`` written; None for Paddle's own scaler.
+    """
     scale, stats = _read(scaler)
     values: dict[str, float] = {"loss_scale": scale}
     if stats is not None:
@@ -89,12 +99,16 @@ class ScalerCallback(paddle.callbacks.Callback):  # type: ignore[misc]
     them and ``paddle.callbacks.VisualDL`` writes them (``train/loss_scale``, ...), in
     any order of the callbacks.
 
-    ``scaler``: the scaler to read, else the one the model trains with (the one
-    ``paddle.Model`` builds under ``amp_configs``: this package's after ``install()``).
-    ``log_freq``: the steps to read at, else those the ``ProgBarLogger`` prints.
+    Args:
+        scaler: the scaler to read; None: the one the model trains with (the one
+            ``paddle.Model`` builds under ``amp_configs``: this package's after
+            ``install()``).
+        log_freq: read at every ``log_freq``-th step and at an epoch's last; None: at
+            the steps the ``ProgBarLogger`` prints.
     """
 
     KEYS = ("loss_scale", "skipped", "headroom_bits")
+    """The keys it puts in the logs (``headroom_bits`` under the headroom policy only)."""
 
     def __init__(self, scaler: Any = None, *, log_freq: int | None = None) -> None:
         super().__init__()
@@ -189,7 +203,10 @@ class ScalerTrainerCallback:
 
     Listed in ``Trainer(callbacks=[...])``, it reaches the callbacks listed after it;
     ``ScalerTrainerCallback.attach(trainer)`` puts one ahead of every callback, the
-    ``report_to`` integrations included. ``scaler``: the one to read, else the Trainer's.
+    ``report_to`` integrations included.
+
+    Args:
+        scaler: the scaler to read; None: the Trainer's ``scaler``.
     """
 
     def __init__(self, scaler: Any = None) -> None:
@@ -198,7 +215,12 @@ class ScalerTrainerCallback:
 
     @classmethod
     def attach(cls, trainer: Any, scaler: Any = None) -> ScalerTrainerCallback:
-        """A new callback at the head of ``trainer``'s callbacks, returned."""
+        """A new callback at the head of ``trainer``'s callbacks, returned.
+
+        Args:
+            trainer: the PaddleFormers or PaddleNLP ``Trainer`` whose logs get the values.
+            scaler: the scaler to read; None: the Trainer's ``scaler``.
+        """
         callback = cls(scaler)
         callback._trainer = trainer
         trainer.callback_handler.callbacks.insert(0, callback)

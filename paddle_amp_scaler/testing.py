@@ -72,6 +72,7 @@ class HostReadCounter:
         self._depth = 0
 
     def total(self) -> int:
+        """The reads counted so far, of every origin."""
         return sum(self.reads.values())
 
     def _wrap(self, original: Callable[..., Any]) -> Callable[..., Any]:
@@ -99,6 +100,7 @@ class HostReadCounter:
 
     @contextlib.contextmanager
     def counting(self) -> Iterator[HostReadCounter]:
+        """A context in which reads are counted (added to those already counted)."""
         saved = {name: paddle.Tensor.__dict__.get(name) for name in _READ_METHODS}
         try:
             for name in _READ_METHODS:
@@ -133,10 +135,12 @@ class OperationCounter:
         self.operations: collections.Counter[str] = collections.Counter()
 
     def total(self) -> int:
+        """The operations counted so far, of every name."""
         return sum(self.operations.values())
 
     @contextlib.contextmanager
     def counting(self) -> Iterator[OperationCounter]:
+        """A context whose operations are counted (added to those already counted)."""
         from paddle import profiler
 
         recorder = profiler.Profiler(

@@ -412,26 +412,44 @@ def test_unknown_arguments_are_one_error_naming_each_with_its_fix():
         assert "'learning_rate' (set it on the inner optimizer instead: SGD(" in message
 
 
+# Keras 3's base-optimizer arguments, each with the value its own test passes and what
+# our message must name on Paddle's side.
 KERAS_OPTIMIZER_ARGUMENTS = [
-    "weight_decay",
-    "clipnorm",
-    "global_clipnorm",
-    "clipvalue",
-    "use_ema",
-    "ema_momentum",
-    "ema_overwrite_frequency",
-    "loss_scale_factor",
-    "gradient_accumulation_steps",
+    ("weight_decay", 0.5, "weight_decay=... on the inner optimizer"),
+    ("clipnorm", 0.5, "grad_clip=paddle.nn.ClipGradByNorm(...)"),
+    ("global_clipnorm", 0.5, "grad_clip=paddle.nn.ClipGradByGlobalNorm(...)"),
+    ("clipvalue", 0.5, "grad_clip=paddle.nn.ClipGradByValue(...)"),
+    ("use_ema", True, "Paddle's optimizers keep no moving average"),
+    ("ema_momentum", 0.5, "Paddle's optimizers keep no moving average"),
+    ("ema_overwrite_frequency", 2, "Paddle's optimizers keep no moving average"),
+    ("loss_scale_factor", 0.5, "initial_scale=..."),
+    ("gradient_accumulation_steps", 2, "get_scaled_loss(loss).backward()"),
 ]
 
 
-@pytest.mark.parametrize("name", KERAS_OPTIMIZER_ARGUMENTS)
-def test_keras_base_optimizer_arguments_are_refused_with_where_they_belong(name):
-    # Keras 3's test_init_base_optimizer_unsupported_args, for each of its arguments.
+KERAS_IDS = [name for name, _, _ in KERAS_OPTIMIZER_ARGUMENTS]
+
+
+@pytest.mark.parametrize(("name", "value", "on_paddle"), KERAS_OPTIMIZER_ARGUMENTS, ids=KERAS_IDS)
+def test_keras_base_optimizer_arguments_are_refused_as_keras_refuses_them(name, value, on_paddle):
+    # Keras 3's test_init_base_optimizer_unsupported_args, with its values: a ValueError
+    # saying that the argument goes on the inner optimizer.
     inner = sgd(make_model())
-    with pytest.raises(ValueError, match=f"'{name}' \\((set|Paddle|the loss scale|accumulate)"):
-        LossScaleOptimizer(inner, **{name: 1})
+    with pytest.raises(ValueError, match="on the inner optimizer"):
+        LossScaleOptimizer(inner, **{name: value})
     LossScaleOptimizer(inner)  # a refused wrapper did not mark the optimizer as wrapped
+
+
+@pytest.mark.parametrize(("name", "value", "on_paddle"), KERAS_OPTIMIZER_ARGUMENTS, ids=KERAS_IDS)
+def test_keras_base_optimizer_arguments_say_where_they_live_in_keras_then_in_paddle(
+    name, value, on_paddle
+):
+    with pytest.raises(UnknownArgumentError, match=f"'{name}' \\(") as raised:
+        LossScaleOptimizer(sgd(make_model()), **{name: value})
+    advice = str(raised.value).split(f"{name!r} (", 1)[1]
+    in_keras, in_paddle = advice.split("; ", 1)
+    assert in_keras == "in Keras it is set on the inner optimizer", advice
+    assert on_paddle in in_paddle, advice
 
 
 @pytest.mark.parametrize("steps", [2.0, np.float64(2.0)], ids=["float", "numpy"])

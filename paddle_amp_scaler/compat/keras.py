@@ -28,32 +28,45 @@ _DELEGATED = ("clear_grad", "get_lr", "set_lr", "set_lr_scheduler", "state_dict"
 # Set on an inner optimizer once wrapped, as tf-keras marks it: a second wrapper would
 # keep a second scale over the same gradients.
 _WRAPPED_MARK = "_wrapped_by_loss_scale_optimizer"
-# Keras' base-optimizer arguments that its LossScaleOptimizer refuses, with where they
-# belong on Paddle.
+# Keras' base-optimizer arguments, which its LossScaleOptimizer refuses because they
+# belong on the inner optimizer; each with where it lives in Paddle, or that it does not.
 _KERAS_OPTIMIZER_ARGUMENTS = {
-    "weight_decay": "set weight_decay on the inner optimizer",
-    "clipnorm": "set grad_clip=paddle.nn.ClipGradByNorm(...) on the inner optimizer",
-    "global_clipnorm": "set grad_clip=paddle.nn.ClipGradByGlobalNorm(...) on the inner optimizer",
-    "clipvalue": "set grad_clip=paddle.nn.ClipGradByValue(...) on the inner optimizer",
+    "weight_decay": "in Paddle too: weight_decay=... on the inner optimizer",
+    "clipnorm": "in Paddle, grad_clip=paddle.nn.ClipGradByNorm(...) on the inner optimizer",
+    "global_clipnorm": "in Paddle, grad_clip=paddle.nn.ClipGradByGlobalNorm(...) on the "
+    "inner optimizer",
+    "clipvalue": "in Paddle, grad_clip=paddle.nn.ClipGradByValue(...) on the inner optimizer",
     "use_ema": "Paddle's optimizers keep no moving average of the weights",
     "ema_momentum": "Paddle's optimizers keep no moving average of the weights",
     "ema_overwrite_frequency": "Paddle's optimizers keep no moving average of the weights",
-    "loss_scale_factor": "the loss scale is this wrapper's: initial_scale=... (with "
-    "dynamic=False for a fixed one)",
-    "gradient_accumulation_steps": "accumulate by running several backward() calls before one step",
+    "loss_scale_factor": "Paddle's optimizers have no loss scale: it is this wrapper's, "
+    "initial_scale=..., with dynamic=False for a fixed one",
+    "gradient_accumulation_steps": "Paddle's optimizers do not accumulate by themselves: run "
+    "get_scaled_loss(loss).backward() several times, then step()",
 }
+# Keras' own test looks for "on the inner optimizer"; the Paddle answer follows it.
+_IN_KERAS = "in Keras it is set on the inner optimizer"
 
 
 class LossScaleOptimizer:
     """Wraps a Paddle optimizer so that ``minimize(loss)`` applies dynamic loss scaling.
 
-    ``dynamic=True``: the scale starts at ``initial_scale`` (default 2**15), doubles
-    after ``dynamic_growth_steps`` (default 2000) finite steps and halves on every
-    overflow, never below 1. ``dynamic=False``: ``initial_scale`` is the fixed scale.
-    ``scaler=``: use this ``AmpScaler``/``GradScaler`` instead of the TF arguments.
-
     Only ``clear_grad``, ``get_lr``, ``set_lr``, ``set_lr_scheduler``, ``state_dict`` and
     ``set_state_dict`` are delegated; everything else is on ``inner_optimizer``.
+
+    Args:
+        inner_optimizer: the Paddle optimizer to wrap; an optimizer is wrapped once.
+        dynamic: True: the scale starts at ``initial_scale``, doubles after
+            ``dynamic_growth_steps`` finite steps and halves on every overflow, never
+            below 1. False: ``initial_scale`` is the fixed scale.
+        initial_scale: the first scale (default 2**15); required when ``dynamic=False``.
+        dynamic_growth_steps: finite steps in a row before the scale doubles (default
+            2000; a whole float such as 2.0 is taken); None when ``dynamic=False``.
+        scaler: an ``AmpScaler`` or ``GradScaler`` to use instead of the TensorFlow
+            arguments, which are then left at their defaults.
+        **optimizer_arguments: none is taken. Each raises ``UnknownArgumentError``
+            naming it; Keras' base-optimizer arguments (``clipnorm``, ``use_ema``, ...)
+            say that Keras sets them on the inner optimizer, then where Paddle has them.
     """
 
     def __init__(
@@ -315,7 +328,7 @@ _KEYWORDS = validation.keyword_names(LossScaleOptimizer.__init__)
 def _where_it_belongs(name: str, inner_optimizer: Any) -> str | None:
     """Keras' advice for an argument of the optimizers, none for any other name."""
     if name in _KERAS_OPTIMIZER_ARGUMENTS:
-        return _KERAS_OPTIMIZER_ARGUMENTS[name]
+        return f"{_IN_KERAS}; {_KERAS_OPTIMIZER_ARGUMENTS[name]}"
     try:
         optimizer_arguments = validation.keyword_names(type(inner_optimizer).__init__)
     except (TypeError, ValueError):  # a signature inspect cannot read

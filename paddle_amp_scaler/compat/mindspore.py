@@ -47,7 +47,14 @@ MAX_CONSECUTIVE_OVERFLOWS = 1000
 
 
 class FixedLossScaleManager:
-    """``mindspore.FixedLossScaleManager``: one scale for the whole run."""
+    """``mindspore.FixedLossScaleManager``: one scale for the whole run.
+
+    Args:
+        loss_scale: the scale, at least 1.
+        drop_overflow_update: True: ``get_update_cell()`` gives a scaler that skips
+            overflowing steps. False: it gives None and nothing is skipped, as in
+            MindSpore.
+    """
 
     @validation.keywords_checked
     def __init__(self, loss_scale: float = 128.0, drop_overflow_update: bool = True) -> None:
@@ -86,6 +93,12 @@ class DynamicLossScaleManager:
     ``update_loss_scale(overflow)`` applies the rule on the host, in Python floats, as
     MindSpore's manager does, for a loop that decides overflow itself;
     ``get_update_cell()`` gives a ``GradScaler`` that applies it in the step.
+
+    Args:
+        init_loss_scale: the first scale, at least 1.
+        scale_factor: the factor of a growth (> 1); a back-off multiplies by its
+            reciprocal.
+        scale_window: finite steps in a row before a growth.
     """
 
     @validation.keywords_checked
@@ -197,7 +210,11 @@ class _LossScaler:
 
 
 class StaticLossScaler(_LossScaler):
-    """``mindspore.amp.StaticLossScaler``: scale and unscale by a fixed value."""
+    """``mindspore.amp.StaticLossScaler``: scale and unscale by a fixed value.
+
+    Args:
+        scale_value: the scale, at least 1.
+    """
 
     @validation.keywords_checked
     def __init__(self, scale_value: float) -> None:
@@ -218,7 +235,14 @@ class StaticLossScaler(_LossScaler):
 
 
 class DynamicLossScaler(_LossScaler):
-    """``mindspore.amp.DynamicLossScaler``: the scale adapts, on the device."""
+    """``mindspore.amp.DynamicLossScaler``: the scale adapts, on the device.
+
+    Args:
+        scale_value: the first scale, at least 1.
+        scale_factor: an int >= 2: the scale is multiplied by it after ``scale_window``
+            finite steps and divided by it on an overflow.
+        scale_window: finite steps in a row before a growth.
+    """
 
     @validation.keywords_checked
     def __init__(self, scale_value: float, scale_factor: int, scale_window: int) -> None:
@@ -272,8 +296,15 @@ class DynamicLossScaler(_LossScaler):
 
 
 def all_finite(inputs: Any) -> Tensor:
-    """A bool 0-d Tensor: every element of every Tensor in ``inputs`` (a Tensor or
-    (nested) lists/tuples of them) is finite. Computed on the device, not read."""
+    """Whether every element of every Tensor in ``inputs`` is finite, computed on the
+    device and not read.
+
+    Args:
+        inputs: a Tensor, or (nested) lists and tuples of them.
+
+    Returns:
+        A bool 0-d Tensor.
+    """
     tensors = nested.tensors_in(inputs, nested.refuse_leaves("all_finite", "inputs"))
     return kernels.all_finite(tensors).reshape([])
 

@@ -55,13 +55,19 @@ class TorchAssertionError(AssertionError, RuntimeError):
 
 
 class GradScaler(_CoreGradScaler):
-    """``torch.amp.GradScaler(device, init_scale, growth_factor, backoff_factor,
-    growth_interval, enabled)`` on Paddle.
+    """``torch.amp.GradScaler`` on Paddle, with PyTorch's arguments and defaults.
 
-    ``device``: ``None`` (Paddle's current device) or a device string, PyTorch's or
-    Paddle's (``"cuda:1"`` and ``"gpu:1"`` are the same). As in PyTorch, a GPU device
-    in a Paddle without one gives a warning and a disabled scaler. Keyword-only options
-    are the core ``GradScaler``'s.
+    Args:
+        device: None (Paddle's current device) or a device string, PyTorch's or
+            Paddle's (``"cuda:1"`` and ``"gpu:1"`` are the same). As in PyTorch, a GPU
+            device in a Paddle without one gives a warning and a disabled scaler.
+        init_scale: the first scale.
+        growth_factor: the factor of a growth (> 1).
+        backoff_factor: the factor of a back-off, on every overflow (between 0 and 1).
+        growth_interval: finite steps in a row before a growth.
+        enabled: False makes every method a pass-through.
+        **options: the core ``GradScaler``'s keyword-only options (``min_loss_scaling``,
+            ``stuck_after``, ``report_overflows``, ...), ``place`` aside.
     """
 
     def __init__(

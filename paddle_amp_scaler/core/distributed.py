@@ -23,7 +23,7 @@ from .verdict import Verdict
 
 
 class RankZeroOnly(logging.Filter):
-    """Lets a record through on rank 0 only: in a run of N ranks, one log, not N.
+    """Lets a record through on rank 0 only, so that a run of N ranks logs once, not N times.
 
     Installed on the ``paddle_amp_scaler`` logger; remove it
     (``logging.getLogger("paddle_amp_scaler").removeFilter(rank_zero_only)``) to hear

@@ -44,12 +44,20 @@ NEVER = -(2**30)
 
 @dataclasses.dataclass(frozen=True)
 class Policy:
-    """How a dynamic loss scale moves: its ratios, its periods and its bounds (``None``:
-    no upper bound but float32's range).
+    """How a dynamic loss scale moves: its ratios, its periods and its bounds.
 
-    ``backoff_divisor``: back off by dividing by it rather than multiplying by
-    ``decr_ratio``, as MindSpore's ``amp.DynamicLossScaler`` does (``scale / 3`` and
-    ``scale * float32(1 / 3)`` differ in the last bit).
+    Args:
+        incr_ratio: the factor of a growth.
+        decr_ratio: the factor of a back-off.
+        incr_every_n_steps: finite iterations in a row before a growth.
+        decr_every_n_nan_or_inf: iterations with inf/nan in a row before a back-off.
+        min_scale: the scale never falls below it.
+        max_scale: the scale never grows above it; None: no bound but float32's range.
+        backoff_divisor: back off by dividing by it rather than multiplying by
+            ``decr_ratio``, as MindSpore's ``amp.DynamicLossScaler`` does
+            (``scale / 3`` and ``scale * float32(1 / 3)`` differ in the last bit).
+        name: the policy, one of ``POLICIES``: ``"interval"`` (``adjust``) or
+            ``"headroom"`` (``adjust_headroom``).
     """
 
     incr_ratio: float = 2.0
@@ -64,16 +72,23 @@ class Policy:
 
 @dataclasses.dataclass(frozen=True)
 class LossScaleState:
-    """A loss scale between two iterations: the scale, its two streak counters, its
-    policy, and whether the transition that made it fired (a growth or a back-off).
-    ``float32``: products are rounded to float32, as on the device; False keeps Python
-    floats (MindSpore's managers do).
+    """A loss scale between two iterations.
 
-    The headroom policy's memory (the interval policy leaves it as it is): ``margin``,
-    bits kept between the amax and float16's ceiling; ``anchor``, the scale after the
-    last measured iteration (0: none yet); ``grown_at``, the iteration of the last
-    growth (``NEVER``); ``amax``, the amax of the last finite measured iteration (0:
-    none yet); ``iteration``, how many iterations it has seen.
+    Args:
+        scale: the scale.
+        incr_count: finite iterations in a row towards the next growth (under the
+            headroom policy: since the last overflow or margin change).
+        decr_count: iterations with inf/nan in a row towards the next back-off.
+        policy: how the scale moves.
+        float32: products are rounded to float32, as on the device; False keeps Python
+            floats (MindSpore's managers do).
+        fired: whether the transition that made this state grew or backed off.
+        margin: the headroom policy's margin, bits kept between the amax and float16's
+            ceiling (the interval policy leaves this and the fields below as they are).
+        anchor: the scale after the last measured iteration (0: none yet).
+        grown_at: the iteration of the last growth (``NEVER``: none yet).
+        amax: the amax of the last finite measured iteration (0: none yet).
+        iteration: how many iterations the state has seen.
     """
 
     scale: float

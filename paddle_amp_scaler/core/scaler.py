@@ -122,7 +122,7 @@ class AmpScaler(Accessors, TensorsOnHost):
         stuck_after: after this many skipped iterations in a row, apply ``on_stuck``
             (default None: never; the streak is read every ``min(stuck_after, 100)``
             iterations).
-        on_stuck: ``"warn"`` (one ``RuntimeWarning`` per streak), ``"raise"``
+        on_stuck: ``"warn"`` (one ``RuntimeWarning`` per streak, from rank 0), ``"raise"``
             (``LossScaleStuckError``) or a callable taking ``ScalerStats``.
         report_overflows: count inf and nan per gradient, for ``overflow_report``
             (one read per iteration).

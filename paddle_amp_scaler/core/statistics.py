@@ -31,14 +31,18 @@ _COUNTS = ("skipped", "skip_streak", "since_skip", "growths", "backoffs")
 class ScalerStats:
     """A scaler's run so far, as read by ``stats()``.
 
-    ``iterations`` ended by ``update()``/``minimize()``; how many of them ``skipped``
-    (any optimizer found inf/nan); ``skip_streak``, the current run of consecutive
-    skipped iterations; ``last_skipped``, the number (1-based) of the last skipped
-    iteration, or None; ``growths`` and ``backoffs``, the times the update rule raised
-    or lowered the scale (a back-off held at the floor counts); the current ``scale``;
-    ``headroom_bits``, under the headroom policy, log2 of float16's largest value over
-    the amax of the last finite measured iteration (how many doublings the gradients
-    had left before inf), None where the policy does not measure it or before the first.
+    Args:
+        iterations: the iterations ended by ``update()`` or ``minimize()``.
+        skipped: how many of them were skipped (an optimizer found inf/nan).
+        skip_streak: the current run of consecutive skipped iterations.
+        last_skipped: the number (1-based) of the last skipped iteration, or None.
+        growths: the times the update rule raised the scale.
+        backoffs: the times it lowered the scale (a back-off held at the floor counts).
+        scale: the current scale.
+        headroom_bits: under the headroom policy, log2 of float16's largest value over
+            the amax of the last finite measured iteration (how many doublings the
+            gradients had left before inf); None where the policy does not measure it,
+            or before its first measurement.
     """
 
     iterations: int
