@@ -1,10 +1,14 @@
 """Every unscale-and-check path gives Paddle's kernel's bits and verdict, and the scaler
 keeps all its guarantees on each; the fused kernel's loader falls back safely."""
 
+import json
 import math
 import os
+import re
+import shlex
 import subprocess
 import sys
+import sysconfig
 
 import numpy as np
 import paddle
@@ -179,9 +183,37 @@ def test_environment_switch_turns_the_fused_kernel_off(tmp_path):
     assert not markers(tmp_path)
 
 
+# What Paddle's log handler (set up when Paddle is imported) puts before a message.
+LOG_PREFIX = r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}\] \[ *%s\] fused_cpu\.py:\d+ - "
+
+
+def log_line(level, message):
+    return LOG_PREFIX % level + re.escape(message)
+
+
+def not_built_warning(reason, build_directory):
+    return log_line(
+        "WARNING",
+        f"the compiled CPU helper could not be built ({reason}; build log: "
+        f"{os.path.join(build_directory, 'build.log')}); the scaler uses Paddle's kernels on "
+        "CPU, with the same results, a few times slower, and tries the build again only "
+        "when the compiler or Paddle changes. PADDLE_AMP_SCALER_FUSED=0 turns the helper "
+        "off and this warning with it",
+    )
+
+
+def building_line(build_directory):
+    return log_line(
+        "INFO",
+        "building the compiled CPU helper once for this Paddle, about 15 s, into "
+        + str(build_directory),
+    )
+
+
 @pytest.mark.compiled_helper
 def test_a_failed_build_falls_back_with_a_warning(tmp_path):
     no_compiler = (
+        "import paddle_amp_scaler  # first: Paddle's import warns of no ccache otherwise\n"
         "from paddle.utils import cpp_extension\n"
         "def load(**kwargs):\n"
         "    raise OSError('no C++ compiler found\\ng++: command not found\\nexit 127')\n"
@@ -190,10 +222,14 @@ def test_a_failed_build_falls_back_with_a_warning(tmp_path):
     result = load_in_subprocess(tmp_path, prelude=no_compiler)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "['paddle'] paddle"
-    # One line: the error's first, and what the user gets instead.
-    (line,) = [line for line in result.stderr.splitlines() if "could not be built" in line]
-    assert "no C++ compiler found" in line and "uses Paddle's kernels" in line
-    assert "command not found" not in result.stderr
+    # The announced build, then one line: the error's first, the log that holds the
+    # rest, what the user gets instead and how to be rid of it.
+    build = tmp_path / fused_cpu._build_name()
+    assert re.fullmatch(
+        building_line(build) + "\n" + not_built_warning("no C++ compiler found", build) + "\n",
+        result.stderr,
+    ), result.stderr
+    assert "g++: command not found" in (build / "build.log").read_text()
     assert not markers(tmp_path)
 
 
@@ -214,3 +250,202 @@ def test_a_half_built_kernel_is_rebuilt_not_trusted(tmp_path):
     assert again.stdout.strip() == "['paddle', 'fused-cpu'] fused-cpu"
     # Once built, a run says nothing: neither the build nor Paddle's builder's chatter.
     assert again.stderr.strip() == "", again.stderr
+
+
+# Every program on this PATH but the compilers, as in a slim container; Python's own
+# (sysconfig's) C and C++ compilers are the ones setuptools runs for Paddle's builder.
+COMPILER_NAMES = re.compile(r"(^|-)(c\+\+|g\+\+|gcc|cc|clang(\+\+)?|c89|c99)(-[\d.]+)?$")
+PYTHONS_CXX = shlex.split(sysconfig.get_config_var("CXX") or "c++")[0]
+PYTHONS_CC = shlex.split(sysconfig.get_config_var("CC") or "cc")[0]
+
+# A quiet run: trains a few steps, one of them skipped, and keeps what build_status()
+# says in a file; anything it prints is the package's.
+TRAIN = """
+import dataclasses, json, sys
+import paddle_amp_scaler
+import paddle
+from paddle_amp_scaler import GradScaler, kernels
+from paddle_amp_scaler.core import fused_cpu
+
+paddle.seed(0)
+model = paddle.nn.Linear(4, 1)
+optimizer = paddle.optimizer.SGD(learning_rate=0.1, parameters=model.parameters())
+scaler = GradScaler(init_loss_scaling=1024.0)
+for step in range(4):
+    loss = model(paddle.ones([2, 4])).mean() * (float("inf") if step == 1 else 1.0)
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.clear_grad()
+stats = scaler.stats()
+assert (stats.iterations, stats.skipped, stats.backoffs) == (4, 1, 1), stats
+assert kernels.default_unscale_path() == sys.argv[1], kernels.default_unscale_path()
+with open(sys.argv[2], "w") as status:
+    json.dump(dataclasses.asdict(fused_cpu.build_status()), status)
+"""
+
+
+def path_without_a_compiler(folder):
+    folder.mkdir()
+    for directory in os.environ["PATH"].split(os.pathsep):
+        if not os.path.isdir(directory):
+            continue
+        for name in sorted(os.listdir(directory)):
+            target = os.path.join(directory, name)
+            link = folder / name
+            if COMPILER_NAMES.search(name) or link.is_symlink() or link.exists():
+                continue
+            if os.path.isfile(target) and os.access(target, os.X_OK):
+                link.symlink_to(target)
+    return str(folder)
+
+
+def stand_in_compilers(folder, version):
+    """Programs named as Python's compilers that answer Paddle's version checks and fail
+    to compile anything."""
+    folder.mkdir(exist_ok=True)
+    for name in (PYTHONS_CXX, PYTHONS_CC):
+        program = folder / name
+        program.write_text(
+            "#!/bin/sh\n"
+            'case "$1" in\n'
+            f"  --version) echo 'stand-in compiler {version}' ;;\n"
+            "  -dumpfullversion) echo 12.2.0 ;;\n"
+            "  *) echo 'stand-in: fatal error: compiles nothing' >&2; exit 1 ;;\n"
+            "esac\n"
+        )
+        program.chmod(0o755)
+    return str(folder)
+
+
+def train_in_subprocess(tmp_path, path, expected_path="paddle", **env):
+    """Run TRAIN with PATH ``path`` and no $CXX or $CC but those in ``env``; the result
+    and what build_status() said."""
+    environment = {k: v for k, v in os.environ.items() if k not in ("CXX", "CC")}
+    environment.update(
+        PATH=path, PYTHONPATH=ROOT, PADDLE_EXTENSION_DIR=str(tmp_path / "extensions"), **env
+    )
+    status_file = tmp_path / "status.json"
+    result = subprocess.run(
+        [sys.executable, "-c", TRAIN, expected_path, str(status_file)],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr
+    return result, json.loads(status_file.read_text())
+
+
+def build_directory(tmp_path):
+    return tmp_path / "extensions" / fused_cpu._build_name()
+
+
+NO_CXX = f"no C++ compiler: {PYTHONS_CXX} is not on PATH; install one, or name it in CXX"
+
+
+@pytest.mark.compiled_helper
+@pytest.mark.skipif(os.path.isabs(PYTHONS_CXX), reason="Python names its compiler by path")
+def test_without_a_compiler_one_warning_line_once_per_installation(tmp_path):
+    path = path_without_a_compiler(tmp_path / "bin")
+    build = build_directory(tmp_path)
+
+    first, status = train_in_subprocess(tmp_path, path)
+    assert first.stdout == ""
+    assert re.fullmatch(not_built_warning(NO_CXX, build) + "\n", first.stderr), first.stderr
+    log = (build / "build.log").read_text()
+    assert f"CalledProcessError: Command '['which', '{PYTHONS_CXX}']'" in log
+    assert f"not built: {NO_CXX}" in log
+    assert status == {
+        "state": "failed",
+        "directory": str(build),
+        "log_file": str(build / "build.log"),
+        "reason": NO_CXX,
+    }
+
+    # The same Paddle and the same (missing) compiler: not tried, not said.
+    again, status_again = train_in_subprocess(tmp_path, path)
+    assert (again.stdout, again.stderr) == ("", "")
+    assert status_again == status
+    assert (build / "build.log").read_text() == log
+
+
+@pytest.mark.compiled_helper
+@pytest.mark.skipif(os.path.isabs(PYTHONS_CXX), reason="Python names its compiler by path")
+def test_a_failure_on_another_rank_is_said_by_the_first_process_heard(tmp_path):
+    # Ranks start together and one builds: if it is not rank 0, its warning is dropped
+    # (the package logs from rank 0 only), so rank 0 says it, once.
+    path = path_without_a_compiler(tmp_path / "bin")
+    build = build_directory(tmp_path)
+    rank_one, status = train_in_subprocess(tmp_path, path, PADDLE_TRAINER_ID="1")
+    assert (rank_one.stdout, rank_one.stderr) == ("", "")
+    assert status["state"] == "failed"
+
+    rank_zero, _ = train_in_subprocess(tmp_path, path, PADDLE_TRAINER_ID="0")
+    assert rank_zero.stdout == ""
+    assert re.fullmatch(not_built_warning(NO_CXX, build) + "\n", rank_zero.stderr), rank_zero.stderr
+
+    again, _ = train_in_subprocess(tmp_path, path, PADDLE_TRAINER_ID="0")
+    assert (again.stdout, again.stderr) == ("", "")
+
+
+@pytest.mark.compiled_helper
+@pytest.mark.skipif(os.path.isabs(PYTHONS_CXX), reason="Python names its compiler by path")
+def test_a_new_compiler_or_version_is_tried_again_once(tmp_path):
+    path = path_without_a_compiler(tmp_path / "bin")
+    build = build_directory(tmp_path)
+    first, _ = train_in_subprocess(tmp_path, path)
+    assert re.fullmatch(not_built_warning(NO_CXX, build) + "\n", first.stderr), first.stderr
+
+    stand_ins = tmp_path / "stand-ins"
+    compilers = {
+        "CXX": str(stand_ins / PYTHONS_CXX),
+        "CC": str(stand_ins / PYTHONS_CC),
+    }
+    stand_in_compilers(stand_ins, "1")
+    fails = "stand-in: fatal error: compiles nothing"
+    # A compiler is found, so a build is announced, then its failure.
+    tried = building_line(build) + "\n" + not_built_warning(fails, build) + "\n"
+    named, status = train_in_subprocess(tmp_path, path, **compilers)
+    assert named.stdout == ""
+    assert re.fullmatch(tried, named.stderr), named.stderr
+    assert status["state"] == "failed" and status["reason"] == fails
+    assert fails in (build / "build.log").read_text()
+
+    same, _ = train_in_subprocess(tmp_path, path, **compilers)
+    assert (same.stdout, same.stderr) == ("", "")
+
+    stand_in_compilers(stand_ins, "2")
+    upgraded, _ = train_in_subprocess(tmp_path, path, **compilers)
+    assert re.fullmatch(tried, upgraded.stderr), upgraded.stderr
+
+    # The same programs found on PATH rather than named in $CXX and $CC.
+    on_path, _ = train_in_subprocess(tmp_path, str(stand_ins) + os.pathsep + path)
+    assert re.fullmatch(tried, on_path.stderr), on_path.stderr
+    quiet, _ = train_in_subprocess(tmp_path, str(stand_ins) + os.pathsep + path)
+    assert (quiet.stdout, quiet.stderr) == ("", "")
+
+
+@pytest.mark.compiled_helper
+@pytest.mark.skipif(os.path.isabs(PYTHONS_CXX), reason="Python names its compiler by path")
+def test_a_compiler_back_on_path_builds_and_uses_the_helper(tmp_path):
+    path = path_without_a_compiler(tmp_path / "bin")
+    build = build_directory(tmp_path)
+    _, status = train_in_subprocess(tmp_path, path)
+    assert status["state"] == "failed"
+
+    built, status = train_in_subprocess(tmp_path, os.environ["PATH"], expected_path="fused-cpu")
+    assert built.stdout == ""
+    assert re.fullmatch(building_line(build) + "\n", built.stderr), built.stderr
+    assert status == {
+        "state": "built",
+        "directory": str(build),
+        "log_file": str(build / "build.log"),
+        "reason": None,
+    }
+    assert [os.path.dirname(m) for m in markers(tmp_path)] == [str(build)]
+    assert not (build / fused_cpu._FAILED).exists()
+
+    # Built, the helper needs no compiler.
+    after, _ = train_in_subprocess(tmp_path, path, expected_path="fused-cpu")
+    assert (after.stdout, after.stderr) == ("", "")
