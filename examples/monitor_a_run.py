@@ -34,7 +34,9 @@ scaler = GradScaler(
     max_loss_scaling=2.0**24,  # never above the start
     stuck_after=10,  # ten skipped iterations in a row: something else is wrong
     on_stuck="raise",
-    report_overflows=True,  # per-gradient inf/nan counts: one device read per iteration
+    # Per-gradient inf/nan counts (one device read per iteration), each gradient named as
+    # the model names it, in the log lines and in the report alike.
+    report_overflows=model,
 )
 scheduler_steps = 0
 for x, y in toy_batches(steps):
@@ -48,5 +50,5 @@ for x, y in toy_batches(steps):
 
 print(scaler.stats())
 print(f"steps that counted for the LR schedule: {scheduler_steps}")
-for entry in scaler.overflow_report(model):
+for entry in scaler.overflow_report():
     print(entry)

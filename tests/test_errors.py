@@ -323,3 +323,19 @@ def test_a_place_this_paddle_cannot_use_is_a_value_error_naming_it(place):
 def test_a_place_of_the_wrong_kind_is_a_type_error(place):
     with pytest.raises(TypeError, match="place must be None, a device string"):
         GradScaler(place=place)
+
+
+@pytest.mark.parametrize("enable", [True, False])
+@pytest.mark.parametrize("call", ["step", "minimize", "unscale_", "torch step"])
+def test_a_model_given_for_the_optimizer_is_a_type_error_saying_so(call, enable):
+    from paddle_amp_scaler.compat.torch import GradScaler as TorchGradScaler
+
+    model = paddle.nn.Linear(2, 2)
+    scaler = TorchGradScaler("cpu", enabled=enable) if call == "torch step" else None
+    scaler = scaler or GradScaler(enable=enable)
+    method = {"torch step": "step"}.get(call, call)
+    arguments = (model, None) if call == "minimize" else (model,)
+    with pytest.raises(TypeError, match=rf"^{method}\(\) takes an optimizer .* got Linear: a model"):
+        getattr(scaler, method)(*arguments)
+    with pytest.raises(TypeError, match=rf"^{method}\(\) takes an optimizer .* got str$"):
+        getattr(scaler, method)("adam", *arguments[1:])

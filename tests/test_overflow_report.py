@@ -136,6 +136,32 @@ def test_each_skipped_iteration_is_logged_with_up_to_five_names(caplog):
 
 
 @pytest.mark.usefixtures("path")
+def test_given_the_model_the_log_line_and_the_report_say_the_same_names(caplog):
+    model = model_of_seven()
+    optimizer = paddle.optimizer.SGD(learning_rate=0.1, parameters=model.parameters())
+    scaler = GradScaler(init_loss_scaling=1024.0, report_overflows=model)
+    with caplog.at_level(logging.WARNING, logger="paddle_amp_scaler"):
+        iteration(scaler, model, optimizer, {"0.bias": (1, 0), "2.weight": (0, 2)})
+    (record,) = [r for r in caplog.records if "skipped" in r.getMessage()]
+    report = scaler.overflow_report()
+    assert [entry.name for entry in report] == ["2.weight", "0.bias"]
+    assert record.getMessage() == (
+        "iteration 1 skipped: inf/nan in 2.weight (0 inf, 2 nan), 0.bias (1 inf, 0 nan)"
+    )
+    # The model given again translates nothing further; True keeps Paddle's names.
+    assert scaler.overflow_report(model) == report
+    plain = GradScaler(init_loss_scaling=1024.0, report_overflows=True)
+    iteration(plain, model, optimizer, {"0.bias": (1, 0)})
+    assert plain.overflow_report()[0].name == model[0].bias.name
+
+
+def test_report_overflows_takes_a_bool_or_a_model_and_names_what_it_got():
+    with pytest.raises(TypeError, match="report_overflows must be a bool, or the model"):
+        GradScaler(report_overflows=[1, 2])
+    assert GradScaler(report_overflows=np.bool_(True))._overflows is not None
+
+
+@pytest.mark.usefixtures("path")
 def test_one_read_per_iteration_with_the_report_and_none_without():
     for report, reads in ((True, 3), (False, 0)):
         model = model_of_seven()

@@ -33,6 +33,9 @@ def make_scaler(kind):
             init_loss_scale=2.0**10, scale_window=3
         ).get_update_cell(),
         "disabled": lambda: GradScaler(enable=False),
+        "headroom": lambda: GradScaler(
+            init_loss_scaling=2.0**10, incr_every_n_steps=3, policy="headroom", **options
+        ),
     }[kind]()
 
 
@@ -69,7 +72,7 @@ def round_trip(scaler):
     return pickle.loads(pickle.dumps(scaler))
 
 
-KINDS = ["AmpScaler", "GradScaler", "fixed", "torch", "mindspore cell", "disabled"]
+KINDS = ["AmpScaler", "GradScaler", "fixed", "torch", "mindspore cell", "disabled", "headroom"]
 
 
 @pytest.mark.parametrize("path", kernels.unscale_paths())

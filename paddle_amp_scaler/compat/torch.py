@@ -33,7 +33,7 @@ import paddle
 from paddle import Tensor
 
 from .. import nested
-from ..core import validation
+from ..core import optimizers, validation
 from ..core.scaler import GradScaler as _CoreGradScaler
 from ..core.state_dict import parse_state_dict
 
@@ -115,6 +115,7 @@ class GradScaler(_CoreGradScaler):
     def step(self, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
         """``optimizer.step(*args, **kwargs)`` unless its gradients hold inf/nan; returns
         what it returned, ``None`` when skipped (Paddle's optimizers return ``None``)."""
+        optimizers.check_optimizer(optimizer, "step")
         if self._enable and "closure" in kwargs:
             raise RuntimeError(
                 "step() does not take a closure while the scaler is enabled: compute the "

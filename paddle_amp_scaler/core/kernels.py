@@ -73,6 +73,10 @@ class PaddleKernels:
     def __init__(self) -> None:
         self._headroom_constants: dict[tuple[rule.Policy, str], _HeadroomConstants] = {}
 
+    def __getstate__(self) -> dict[str, Any]:
+        # Constants are made again on first use: Paddle 2.6's tensors do not pickle.
+        return {"_headroom_constants": {}}
+
     def unscale_and_check_(
         self,
         grads: Sequence[Tensor | None],

@@ -24,6 +24,21 @@ _MAX_WRAPPER_DEPTH = 8
 _eager: Any = paddle.base.core.eager
 
 
+def check_optimizer(optimizer: Any, caller: str, method: str = "step") -> None:
+    """``TypeError`` for an argument that is no optimizer (a model passed by mistake, say)
+    where ``caller`` needs one with ``method``: before an attribute lookup deep inside
+    fails with its own words."""
+    if callable(getattr(optimizer, method, None)):
+        return
+    hint = ""
+    if isinstance(optimizer, paddle.nn.Layer):
+        hint = ": a model; pass the optimizer that updates its parameters"
+    raise TypeError(
+        f"{caller}() takes an optimizer (a paddle.optimizer.Optimizer, or an object with "
+        f"its .{method}()), got {type(optimizer).__name__}{hint}"
+    )
+
+
 def parameters_of(optimizer: Any) -> list[Any]:
     """The parameters an optimizer updates, across its parameter groups; a wrapper's
     are those of the optimizer it drives, unless it lists its own.

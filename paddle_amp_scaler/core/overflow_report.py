@@ -13,6 +13,7 @@ import dataclasses
 import logging
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import paddle
 from paddle import Tensor
 
@@ -40,11 +41,31 @@ class OverflowEntry:
     iteration: int
 
 
-class OverflowRecorder:
-    """Counts per gradient during an iteration; keeps the last iteration that had any."""
+def recorder_for(report_overflows: Any, path: UnscalePath) -> OverflowRecorder | None:
+    """The recorder ``report_overflows`` asks for: None for False; for a model, one that
+    names each gradient as ``model.named_parameters()`` does, in the report and in the
+    log lines alike."""
+    if isinstance(report_overflows, (bool, np.bool_)):
+        return OverflowRecorder(path) if report_overflows else None
+    if callable(getattr(report_overflows, "named_parameters", None)):
+        names = {param.name: name for name, param in report_overflows.named_parameters()}
+        return OverflowRecorder(path, names)
+    raise TypeError(
+        "report_overflows must be a bool, or the model (a paddle.nn.Layer) whose parameter "
+        f"names the report and its log lines should use, got {report_overflows!r}"
+    )
 
-    def __init__(self, path: UnscalePath) -> None:
+
+class OverflowRecorder:
+    """Counts per gradient during an iteration; keeps the last iteration that had any.
+
+    ``names`` maps Paddle's parameter names (``linear_0.w_0``) to the model's structured
+    ones (``0.weight``); a parameter it does not know keeps Paddle's name.
+    """
+
+    def __init__(self, path: UnscalePath, names: dict[str, str] | None = None) -> None:
         self._path = path
+        self._names = names or {}
         # Per unscale: (param, grad dtype) in the order of the tally's rows, and the tally.
         self._pending: list[tuple[list[tuple[Any, Any]], Tensor]] = []
         self._last: list[OverflowEntry] = []
@@ -82,7 +103,14 @@ class OverflowRecorder:
         overflowed = [
             (
                 param,
-                OverflowEntry(param.name, tuple(param.shape), _name_of(dtype), inf, nan, iteration),
+                OverflowEntry(
+                    self._names.get(param.name, param.name),
+                    tuple(param.shape),
+                    _name_of(dtype),
+                    inf,
+                    nan,
+                    iteration,
+                ),
             )
             for (param, dtype), (inf, nan) in zip(owners, counts)
             if inf or nan
@@ -92,7 +120,7 @@ class OverflowRecorder:
                 (entry for _, entry in overflowed),
                 key=lambda entry: -(entry.num_inf + entry.num_nan),
             )
-            self._params = {param.name: param for param, _ in overflowed}
+            self._params = {entry.name: param for param, entry in overflowed}
         if not skipped:
             return
         # Logged on rank 0 only, by the package logger's filter: in a distributed run
@@ -119,7 +147,8 @@ class OverflowRecorder:
 
     def report(self, model: Any = None) -> list[OverflowEntry]:
         """The gradients of the last iteration that found inf/nan, most elements first;
-        named as in ``model.named_parameters()`` when ``model`` is given."""
+        named as in ``model.named_parameters()`` when ``model`` is given (else as the
+        recorder names them)."""
         if model is None:
             return list(self._last)
         names = {id(param): name for name, param in model.named_parameters()}

@@ -31,7 +31,7 @@ from paddle.amp.grad_scaler import OptimizerState
 
 from . import distributed, kernels, optimizers, rule, skipping, unscale_paths, validation
 from .accessors import Accessors
-from .overflow_report import OverflowEntry, OverflowRecorder
+from .overflow_report import OverflowEntry, recorder_for
 from .pickling import TensorsOnHost
 from .scale_tensors import ScaleTensors
 from .statistics import RunStatistics
@@ -124,8 +124,10 @@ class AmpScaler(Accessors, TensorsOnHost):
             iterations).
         on_stuck: ``"warn"`` (one ``RuntimeWarning`` per streak, from rank 0), ``"raise"``
             (``LossScaleStuckError``) or a callable taking ``ScalerStats``.
-        report_overflows: count inf and nan per gradient, for ``overflow_report``
-            (one read per iteration).
+        report_overflows: count inf and nan per gradient, for ``overflow_report`` and a
+            log line per skipped iteration (one read per iteration): True, or the model,
+            whose structured names (``encoder.0.weight``) the report and the log lines
+            then both use, rather than Paddle's (``linear_0.w_0``).
         group: the ``paddle.distributed`` group whose ranks agree on every verdict
             (default None: every rank).
         sync_found_inf: False skips that agreement, for ranks whose gradients are
@@ -149,7 +151,7 @@ class AmpScaler(Accessors, TensorsOnHost):
         place: Any = None,
         stuck_after: int | None = None,
         on_stuck: OnStuck = "warn",
-        report_overflows: bool = False,
+        report_overflows: Any = False,
         group: Any = None,
         sync_found_inf: bool = True,
     ) -> None:
@@ -186,12 +188,16 @@ class AmpScaler(Accessors, TensorsOnHost):
         self._cache_found_inf: Any = None
         self._optimizer_states: defaultdict[int, OptimizerRecord] = defaultdict(OptimizerRecord)
         # Chosen once: on a CPU this loads (or, once per machine, builds) the compiled
-        # helper now, so that neither the build nor its self-check lands in a step.
-        self._path = unscale_paths.path_for(place)
+        # helper now, so that neither the build nor its self-check lands in a step. A
+        # disabled scaler does no device work, and needs no helper.
+        self._path = (
+            unscale_paths.path_for(place)
+            if self._enable
+            else unscale_paths.by_name(unscale_paths.PADDLE_PATH)
+        )
         self._run = RunStatistics(self._path, place)
         self._stuck_policy = StuckPolicy(stuck_after, on_stuck)
-        reports = validation.check_bool(report_overflows, "report_overflows")
-        self._overflows = OverflowRecorder(self._path) if reports else None
+        self._overflows = recorder_for(report_overflows, self._path)
         self._sync = distributed.FoundInfSync(group, sync_found_inf)
 
     # What a repr leaves out: each option at the value the constructor gives it by default.
@@ -223,6 +229,7 @@ class AmpScaler(Accessors, TensorsOnHost):
         Call it at most once per optimizer per iteration, before ``step``; it is what
         lets you clip or inspect true gradient values.
         """
+        optimizers.check_optimizer(optimizer, "unscale_")
         if not self._enable:
             optimizers.refuse_without_parameters(optimizer)
             return
@@ -233,6 +240,7 @@ class AmpScaler(Accessors, TensorsOnHost):
         was found, then update the scale. Returns what ``optimizer.minimize`` returned, or
         ``(None, None)`` where the scaler skipped the call (on a CPU, or for an optimizer
         that takes no found-inf flag)."""
+        optimizers.check_optimizer(optimizer, "minimize", "minimize")
         result = self._step_optimizer(
             optimizer, lambda: optimizer.minimize(*args, **kwargs), skipped=(None, None)
         )
@@ -495,6 +503,7 @@ class GradScaler(AmpScaler):
 
     def step(self, optimizer: Any) -> None:
         """Unscale (unless done), then ``optimizer.step()`` unless inf/nan was found."""
+        optimizers.check_optimizer(optimizer, "step")
         self._step_optimizer(optimizer, optimizer.step)
 
     def update(self) -> None:

@@ -1,0 +1,280 @@
+"""The headroom policy in the scaler: what a user sees of it, on both unscale paths.
+
+The rule itself is held to its pure specification in test_rule.py; here, that the
+scaler feeds it the right amax, skips exactly, reports the headroom, saves and loads its
+memory, and that install() hands it to the scalers trainers build.
+"""
+
+import math
+
+import numpy as np
+import paddle
+import pytest
+
+import paddle_amp_scaler
+from paddle_amp_scaler import AmpScaler, GradScaler, install, uninstall
+from paddle_amp_scaler.compat.torch import GradScaler as TorchGradScaler
+from paddle_amp_scaler.core import rule
+from paddle_amp_scaler.integrations import log_stats
+
+from helpers import (
+    GradInjector,
+    batches,
+    loss_of,
+    make_model,
+    optimizer_state_of,
+    params_of,
+    train_step,
+)
+
+PATHS = paddle_amp_scaler.kernels.unscale_paths()
+
+
+def built_on(path, **options):
+    with paddle_amp_scaler.kernels.using_unscale_path(path):
+        return GradScaler(**options)
+
+
+@pytest.mark.parametrize("value", ["Headroom", "", None, 2, "adaptive"])
+def test_a_bad_policy_is_a_value_error_naming_the_argument_and_the_values(value):
+    with pytest.raises(ValueError, match="policy must be 'interval' or 'headroom'"):
+        GradScaler(policy=value)
+    with pytest.raises(ValueError, match="policy must be 'interval' or 'headroom'"):
+        AmpScaler(enable=False, policy=value)
+
+
+class Recorder:
+    """The scaled gradients as backward leaves them, for an independent amax."""
+
+    def __init__(self, model):
+        self.largest = 0.0
+        for param in model.parameters():
+            param.register_hook(self._hook)
+
+    def _hook(self, grad):
+        self.largest = max(self.largest, float(np.abs(grad.numpy()).max()))
+        return grad
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_the_headroom_reported_is_that_of_the_gradients_measured(path):
+    model = make_model()
+    optimizer = paddle.optimizer.Adam(learning_rate=1e-3, parameters=model.parameters())
+    scaler = built_on(path, policy="headroom", init_loss_scaling=2.0**6)
+    recorder = Recorder(model)
+    for batch in batches(steps=3):  # the first iterations are measured on either path
+        recorder.largest = 0.0
+        train_step(scaler, model, optimizer, batch)
+        bits = scaler.stats().headroom_bits
+        assert bits == pytest.approx(math.log2(65504.0 / recorder.largest), rel=1e-6)
+    # Under the interval rule there is nothing to report.
+    assert GradScaler().stats().headroom_bits is None
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_headroom_grows_at_once_where_the_interval_rule_waits(path):
+    model = make_model()
+    optimizer = paddle.optimizer.SGD(learning_rate=1e-3, parameters=model.parameters())
+    scaler = built_on(path, policy="headroom", init_loss_scaling=2.0)
+    recorder = Recorder(model)
+    train_step(scaler, model, optimizer, batches(steps=1)[0])
+    grown = scaler.get_loss_scaling()
+    # Up to the margin below float16's ceiling, in powers of two, in one iteration.
+    headroom = math.log2(65504.0 / recorder.largest)
+    expected_steps = math.floor(headroom - rule.INITIAL_MARGIN)
+    assert grown == 2.0 * 2.0**expected_steps
+    assert scaler.stats().growths == 1
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("name", ["sgd", "adamw"])
+def test_skipped_steps_leave_parameters_and_accumulators_bit_identical(path, name):
+    from test_training_equivalence import OPTIMIZERS
+
+    model = make_model()
+    optimizer = OPTIMIZERS[name](model.parameters())
+    injector = GradInjector(model[0].weight)
+    scaler = built_on(path, policy="headroom", init_loss_scaling=2.0**4)
+    for step, batch in enumerate(batches(steps=6)):
+        before = params_of(model), optimizer_state_of(optimizer, model.parameters())
+        inject = math.inf if step in (2, 4) else None
+        train_step(scaler, model, optimizer, batch, injector=injector, inject=inject)
+        if inject is not None:
+            for old, new in zip(before[0], params_of(model)):
+                np.testing.assert_array_equal(new, old)
+            after = optimizer_state_of(optimizer, model.parameters())
+            assert after.keys() == before[1].keys()
+            for key in after:
+                np.testing.assert_array_equal(after[key], before[1][key], err_msg=key)
+    assert scaler.stats().skipped == 2
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_state_dict_resumes_the_policy_and_its_memory_exactly(path):
+    def run(scaler, steps, model, optimizer, injector):
+        data = batches(steps=12)
+        for step in steps:
+            inject = math.inf if step in (3, 8) else None
+            train_step(scaler, model, optimizer, data[step], injector=injector, inject=inject)
+
+    def fresh():
+        model = make_model()
+        optimizer = paddle.optimizer.Adam(learning_rate=1e-3, parameters=model.parameters())
+        return model, optimizer, GradInjector(model[0].weight)
+
+    model, optimizer, injector = fresh()
+    straight = built_on(path, policy="headroom", incr_every_n_steps=4)
+    run(straight, range(12), model, optimizer, injector)
+
+    model, optimizer, injector = fresh()
+    first = built_on(path, policy="headroom", incr_every_n_steps=4)
+    run(first, range(6), model, optimizer, injector)
+    saved = first.state_dict()
+    assert saved["policy"] == "headroom" and set(saved["headroom"]) == {
+        "margin",
+        "anchor",
+        "grown_at",
+        "amax",
+    }
+    resumed = built_on(path, incr_every_n_steps=4)  # the interval rule: the dict says headroom
+    resumed.load_state_dict(saved)
+    run(resumed, range(6, 12), model, optimizer, injector)
+    a, b = resumed.state_dict(), straight.state_dict()
+    np.testing.assert_array_equal(a.pop("scale"), b.pop("scale"))
+    assert a == b
+
+
+def test_paddles_and_pytorchs_dicts_load_into_the_policys_defaults():
+    scaler = GradScaler(policy="headroom")
+    scaler.load_state_dict(
+        {
+            "scale": np.array([1024.0], dtype=np.float32),
+            "incr_ratio": 2.0,
+            "decr_ratio": 0.5,
+            "incr_every_n_steps": 100,
+            "decr_every_n_nan_or_inf": 1,
+            "incr_count": 5,
+            "decr_count": 0,
+            "use_dynamic_loss_scaling": True,
+        }
+    )
+    saved = scaler.state_dict()
+    assert saved["policy"] == "headroom"
+    assert saved["headroom"] == {
+        "margin": rule.INITIAL_MARGIN,
+        "anchor": 0.0,
+        "grown_at": rule.NEVER,
+        "amax": 0.0,
+    }
+    torch_face = TorchGradScaler("cpu", policy="headroom")
+    torch_face.load_state_dict(
+        {
+            "scale": 512.0,
+            "growth_factor": 2.0,
+            "backoff_factor": 0.5,
+            "growth_interval": 10,
+            "_growth_tracker": 3,
+        }
+    )
+    assert torch_face.get_scale() == 512.0 and torch_face.get_incr_count() == 3
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"policy": "fast"}, "state_dict\\['policy'\\] must be"),
+        ({"headroom": {"margin": 2, "anchor": 1.0, "grown_at": 0}}, "must be a dict with"),
+        ({"headroom": {"margin": 99, "anchor": 1.0, "grown_at": 0, "amax": 1.0}}, "margin"),
+        ({"headroom": {"margin": 2, "anchor": -1.0, "grown_at": 0, "amax": 1.0}}, "anchor"),
+        ({"headroom": {"margin": 2.5, "anchor": 1.0, "grown_at": 0, "amax": 1.0}}, "margin"),
+    ],
+)
+def test_a_bad_headroom_dict_names_the_key_and_changes_nothing(change, message):
+    source = GradScaler(policy="headroom")
+    saved = {**source.state_dict(), **change}
+    target = GradScaler(init_loss_scaling=8.0)
+    before = target.state_dict()
+    with pytest.raises(ValueError, match=message):
+        target.load_state_dict(saved)
+    after = target.state_dict()
+    np.testing.assert_array_equal(after.pop("scale"), before.pop("scale"))
+    assert after == before
+
+
+def test_the_interval_rules_dict_has_no_headroom_keys():
+    # Paddle's format as it was: the new keys are written for the headroom policy only.
+    assert not {"policy", "headroom"} & set(GradScaler().state_dict())
+
+
+def test_install_hands_the_policy_to_the_scalers_trainers_build():
+    try:
+        install(policy="headroom")
+        built = paddle.amp.GradScaler(init_loss_scaling=1024)
+        assert isinstance(built, GradScaler) and built.state_dict()["policy"] == "headroom"
+        assert paddle.amp.AmpScaler().state_dict()["policy"] == "headroom"
+        # An argument the call gives still wins.
+        assert "policy" not in paddle.amp.GradScaler(policy="interval").state_dict()
+    finally:
+        uninstall()
+    assert not issubclass(paddle.amp.GradScaler, GradScaler)
+
+
+@pytest.mark.parametrize(
+    ("defaults", "message"),
+    [
+        ({"policy": "fast"}, "install\\(\\): policy must be"),
+        ({"polcy": "headroom"}, "did you mean 'policy'"),
+        ({"min_loss_scaling": -1.0}, "min_loss_scaling"),
+    ],
+)
+def test_install_refuses_a_bad_default_naming_it(defaults, message):
+    before = paddle.amp.GradScaler
+    with pytest.raises(ValueError, match=message):
+        install(**defaults)
+    assert paddle.amp.GradScaler is before
+
+
+class Writer:
+    def __init__(self):
+        self.scalars = {}
+
+    def add_scalar(self, tag, value, step):
+        self.scalars[tag] = value
+
+
+def test_log_stats_writes_the_headroom_under_the_policy_only():
+    model = make_model()
+    optimizer = paddle.optimizer.SGD(learning_rate=1e-3, parameters=model.parameters())
+    for policy, expected in (("interval", False), ("headroom", True)):
+        scaler = GradScaler(policy=policy)
+        train_step(scaler, model, optimizer, batches(steps=1)[0])
+        writer = Writer()
+        stats = log_stats(writer, scaler, 1)
+        assert ("amp/headroom_bits" in writer.scalars) == expected
+        if expected:
+            assert writer.scalars["amp/headroom_bits"] == stats.headroom_bits
+
+
+def test_a_fixed_scale_measures_nothing():
+    model = make_model()
+    optimizer = paddle.optimizer.SGD(learning_rate=1e-3, parameters=model.parameters())
+    scaler = GradScaler(policy="headroom", use_dynamic_loss_scaling=False)
+    train_step(scaler, model, optimizer, batches(steps=1)[0])
+    assert scaler.get_loss_scaling() == 2.0**16 and scaler.stats().headroom_bits is None
+
+
+def test_loss_of_a_run_matches_the_interval_rule_where_nothing_overflows():
+    # Exact powers of two: unscaled gradients are the same bits at any scale, so the two
+    # policies train identically while neither skips.
+    def run(policy):
+        model = make_model()
+        optimizer = paddle.optimizer.Adam(learning_rate=1e-3, parameters=model.parameters())
+        scaler = GradScaler(policy=policy, init_loss_scaling=2.0**4)
+        for batch in batches(steps=5):
+            train_step(scaler, model, optimizer, batch)
+        return params_of(model), float(loss_of(model, batches(steps=1)[0]))
+
+    (params_a, loss_a), (params_b, loss_b) = run("interval"), run("headroom")
+    assert loss_a == loss_b
+    for a, b in zip(params_a, params_b):
+        np.testing.assert_array_equal(a, b)
