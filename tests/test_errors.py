@@ -335,7 +335,8 @@ def test_a_model_given_for_the_optimizer_is_a_type_error_saying_so(call, enable)
     scaler = scaler or GradScaler(enable=enable)
     method = {"torch step": "step"}.get(call, call)
     arguments = (model, None) if call == "minimize" else (model,)
-    with pytest.raises(TypeError, match=rf"^{method}\(\) takes an optimizer .* got Linear: a model"):
+    model_given = rf"^{method}\(\) takes an optimizer .* got Linear: a model"
+    with pytest.raises(TypeError, match=model_given):
         getattr(scaler, method)(*arguments)
     with pytest.raises(TypeError, match=rf"^{method}\(\) takes an optimizer .* got str$"):
         getattr(scaler, method)("adam", *arguments[1:])
