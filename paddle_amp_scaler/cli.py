@@ -15,6 +15,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -270,7 +271,12 @@ def _probe(index: int) -> str | None:
         x = paddle.to_tensor([1.0, 2.0], place=paddle.CUDAPlace(index))
         float((x * 2.0).sum())
     except Exception as error:
-        return (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
+        # Paddle's message opens with a C++ traceback; the line that names the error is
+        # the one to show.
+        lines = [line.strip() for line in str(error).splitlines() if line.strip(" -")]
+        named = [line for line in lines if _no_kernel_image(line)]
+        named = named or [line for line in lines if "Error" in line] or lines
+        return (named[0] if named else type(error).__name__)[:300]
     return None
 
 
@@ -459,13 +465,11 @@ def _gpu_name(gpu: Gpu) -> str:
 
 
 def _release(version: str) -> tuple[int, ...]:
-    numbers = []
-    for part in version.split("."):
-        digits = "".join(char for char in part if char.isdigit())
-        if not digits or digits != part[: len(digits)]:
-            break
-        numbers.append(int(digits))
-    return tuple(numbers)
+    """The numbers a version starts with ("3.0.0rc1": 3, 0, 0); Paddle's develop builds,
+    numbered 0.0.0, count as the newest."""
+    found = re.match(r"\d+(?:\.\d+)*", version)
+    numbers = tuple(int(number) for number in found[0].split(".")) if found else ()
+    return (sys.maxsize,) if numbers and not any(numbers) else numbers
 
 
 # -- doctor: the report ------------------------------------------------------------------

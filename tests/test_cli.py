@@ -193,6 +193,28 @@ def test_a_kernel_tried_on_the_gpu_settles_it(cli):
     assert other.covered is None and "out of memory" in other.how
 
 
+def test_the_probe_keeps_the_line_that_names_the_error(cli, monkeypatch):
+    # What Paddle 2.6.2 raises on an H100: a C++ traceback first, the error last.
+    message = (
+        "\n\n--------------------------------------\nC++ Traceback (most recent call last):\n"
+        "0   paddle::experimental::full(...)\n\n----------------------\nError Message "
+        "Summary:\n----------------------\nExternalError: CUDA error(209), no kernel image "
+        "is available for execution on the device.\n  [Hint: 'cudaErrorNoKernelImageForDevice'"
+        ". This indicates that there is no kernel image available that is suitable for the "
+        "device.] (at ../paddle/phi/backends/gpu/cuda/cuda_info.cc:259)\n"
+    )
+
+    def fails(*args, **kwargs):
+        raise OSError(message)
+
+    monkeypatch.setattr(cli.paddle, "to_tensor", fails)
+    monkeypatch.setattr(cli.paddle, "CUDAPlace", lambda index: index)
+    error = cli._probe(0)
+    assert error.startswith("ExternalError: CUDA error(209), no kernel image is available")
+    coverage = cli.gpu_coverage(cli.Gpu(0, *H100, probed=True, probe_error=error), None)
+    assert coverage.covered is False
+
+
 def test_doctor_fails_with_the_fix_on_an_h100_with_pypis_paddle(cli, monkeypatch, capsys):
     facts = cuda_facts(cli, "2.6.2", PYPI_2_6, [cli.Gpu(0, *H100)])
     (error,) = [finding for finding in cli.findings(facts) if finding.severity == "error"]
@@ -250,6 +272,14 @@ def test_notes_that_do_not_stop_training(cli):
     assert "Paddle is a CUDA build but sees no GPU" in notes
     assert "import numpy.random" in notes["Paddle 2.6 with NumPy 2.1.0"].fix
     assert any("both paddlepaddle 2.6.2 and paddlepaddle-gpu 2.6.2" in key for key in notes)
+
+    # A Paddle before 2.6 is an error; a develop build, numbered 0.0.0, is not.
+    def errors(paddle_version):
+        found = cli.findings(dataclasses.replace(facts, paddle=paddle_version))
+        return [finding.what for finding in found if finding.severity == "error"]
+
+    assert errors("2.5.2") == ["Paddle 2.5.2 is older than 2.6, the oldest this package supports"]
+    assert errors("0.0.0") == errors("3.0.0rc1") == []
 
 
 def test_the_unscale_path_and_why(cli):
