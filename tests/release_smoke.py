@@ -4,6 +4,7 @@ fresh virtual environment, from a folder outside the checkout. Prints a JSON rep
 import importlib
 import json
 import os
+import subprocess
 import sys
 import tempfile
 
@@ -72,6 +73,17 @@ def train(model, optimizer, scaler, steps, poison=None):
     return [p.numpy() for p in model.parameters()], (unchanged if poison is not None else None)
 
 
+def command_line(*args):
+    """``python -m paddle_amp_scaler ARGS`` of this environment: (exit status, stdout)."""
+    result = subprocess.run(
+        [sys.executable, "-m", "paddle_amp_scaler", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    return result.returncode, result.stdout
+
+
 def main():
     report = {
         "module_file": paddle_amp_scaler.__file__,
@@ -101,6 +113,27 @@ def main():
             path, model=resumed_model, optimizer=resumed_optimizer, scaler=resumed_scaler
         )
         resumed, _ = train(resumed_model, resumed_optimizer, resumed_scaler, range(step, 7))
+        status, text = command_line("inspect", path)
+        _, as_json = command_line("inspect", "--json", path)
+        inspected = json.loads(as_json)
+        report["inspect"] = {
+            "status": status,
+            "step_line": next(line for line in text.splitlines() if line.startswith("step")),
+            "step": inspected["step"],
+            "scale": inspected["scaler"]["scale"],
+            "skipped": inspected["scaler"]["stats"]["skipped"],
+        }
+    status, text = command_line("doctor")
+    _, as_json = command_line("doctor", "--json")
+    doctor = json.loads(as_json)
+    report["doctor"] = {
+        "status": status,
+        "last_line": text.strip().splitlines()[-1],
+        "ok": doctor["ok"],
+        "package": doctor["facts"]["package_file"],
+        "unscale_path": doctor["facts"]["unscale_path"],
+        "helper": doctor["facts"]["helper"]["state"],
+    }
     report["resumed_step"] = step
     report["resume_identical"] = all(np.array_equal(a, b) for a, b in zip(straight, resumed))
     print(json.dumps(report))

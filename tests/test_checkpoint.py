@@ -1,13 +1,19 @@
 """Checkpoints: exact resume, atomic saves, and loads that verify before changing anything."""
 
+import collections
+import dataclasses
+import hashlib
 import math
 import os
+import pickle
+import pickletools
 import random
 import signal
 import struct
 import subprocess
 import sys
 import time
+import warnings
 
 import numpy as np
 import paddle
@@ -20,6 +26,7 @@ from paddle_amp_scaler import (
     read_checkpoint,
     save_checkpoint,
 )
+from paddle_amp_scaler import checkpoint as checkpoint_module
 from paddle_amp_scaler.checkpoint import rng_state_survives_pickling
 
 from helpers import GradInjector, batches, make_model, optimizer_state_of, params_of, train_step
@@ -228,9 +235,10 @@ def assert_load_fails_and_changes_nothing(target, path, match):
 def test_truncated_file(tmp_path):
     path, target = trained_run_and_checkpoint(tmp_path)
     data = path.read_bytes()
-    for cut in (0, 5, 40, len(data) // 2, len(data) - 1):
+    # "is truncated": the folder pytest names after this test holds the word too.
+    for cut in (5, 40, len(data) // 2, len(data) - 1):
         path.write_bytes(data[:cut])
-        assert_load_fails_and_changes_nothing(target, path, "truncated")
+        assert_load_fails_and_changes_nothing(target, path, "is truncated")
 
 
 def test_corrupted_byte(tmp_path):
@@ -246,9 +254,246 @@ def test_corrupted_byte(tmp_path):
 def test_foreign_files(tmp_path):
     path, target = trained_run_and_checkpoint(tmp_path)
     paddle.save(target.model.state_dict(), str(path))
-    assert_load_fails_and_changes_nothing(target, path, "not a paddle_amp_scaler checkpoint")
+    assert_load_fails_and_changes_nothing(target, path, "not a checkpoint written by save_")
     path.write_bytes(os.urandom(4096))
-    assert_load_fails_and_changes_nothing(target, path, "not a paddle_amp_scaler checkpoint")
+    assert_load_fails_and_changes_nothing(target, path, "not a checkpoint written by save_")
+
+
+NOT_CHECKPOINTS = {
+    "empty": (b"", "the file is empty"),
+    "text": (b"step: 100\nloss: 0.25\n", "it is text, starting 'step: 100"),
+    "png": (b"\x89PNG\r\n\x1a\n" + bytes(64), "it is a PNG image"),
+    "pickle": (pickle.dumps({"weight": np.ones(3)}), "it is a plain pickle"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(NOT_CHECKPOINTS))
+def test_a_file_that_is_no_checkpoint_says_so_before_its_length(tmp_path, kind):
+    path, target = trained_run_and_checkpoint(tmp_path)
+    content, what = NOT_CHECKPOINTS[kind]
+    path.write_bytes(content)
+    for read in (read_checkpoint, checkpoint_module.inspect_checkpoint):
+        with pytest.raises(CheckpointError) as raised:
+            read(path)
+        message = str(raised.value)
+        assert f"{str(path)!r} is not a checkpoint written by save_checkpoint: {what}" in message
+        assert "is truncated" not in message and "header" not in message
+    assert_load_fails_and_changes_nothing(target, path, "is not a checkpoint written by save_")
+
+
+# -- safe loading: a checkpoint builds only what save_checkpoint writes --------------------
+
+
+class WritesAMarker:
+    """Unpickled, it opens (creates) ``marker``: what a crafted file could do instead."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def write_payload(path, payload, body=None):
+    """A checkpoint file with a valid header and checksum around any ``payload`` (or
+    around a pickle ``body`` as it is)."""
+    body = pickle.dumps(payload, protocol=4) if body is None else body
+    header = checkpoint_module._HEADER.pack(
+        checkpoint_module._MAGIC,
+        checkpoint_module.FORMAT_VERSION,
+        len(body),
+        hashlib.sha256(body).digest(),
+    )
+    path.write_bytes(header + body)
+
+
+def payload_of(path):
+    return pickle.loads(path.read_bytes()[checkpoint_module._HEADER.size :])
+
+
+def crafted(tmp_path, where):
+    """A real checkpoint whose payload, at ``where``, holds an object that writes a marker."""
+    path, target = trained_run_and_checkpoint(tmp_path)
+    marker = tmp_path / "marker"
+    payload = payload_of(path)
+    if where == "payload":
+        payload = WritesAMarker(marker)
+    elif where == "model":
+        payload["models"][0]["0.weight"] = WritesAMarker(marker)
+    elif where == "scaler":
+        payload["scaler"]["scale"] = WritesAMarker(marker)
+    else:
+        payload["step"] = [WritesAMarker(marker)]
+    write_payload(path, payload)
+    return path, target, marker
+
+
+@pytest.mark.parametrize("where", ["payload", "model", "scaler", "step"])
+def test_a_crafted_checkpoint_is_refused_and_runs_nothing(tmp_path, where):
+    path, target, marker = crafted(tmp_path, where)
+    built = "io.open"  # what pickle records for the builtin open
+    for read in (read_checkpoint, checkpoint_module.inspect_checkpoint):
+        with pytest.raises(CheckpointError, match=f"tries to build {built}") as raised:
+            read(path)
+        assert "nothing from the file ran" in str(raised.value)
+    assert_load_fails_and_changes_nothing(target, path, f"tries to build {built}")
+    # Trusting extra trusts nothing else.
+    with pytest.raises(CheckpointError, match=f"tries to build {built}"):
+        read_checkpoint(path, trust_extra=True)
+    assert not marker.exists()
+
+
+def test_objects_in_extra_load_only_with_trust_extra(tmp_path):
+    marker = tmp_path / "marker"
+    run = Run()
+    run.save(tmp_path / "c", step=1, extra={"epoch": 2, "sampler": WritesAMarker(marker)})
+    before = run.observable()
+    for read in (
+        read_checkpoint,
+        lambda path: load_checkpoint(
+            path, model=run.model, optimizer=run.optimizer, scaler=run.scaler
+        ),
+    ):
+        with pytest.raises(CheckpointError) as raised:
+            read(tmp_path / "c")
+        message = str(raised.value)
+        assert "extra['sampler'] is built by io.open" in message
+        assert "trust_extra=True" in message and "runs that code" in message
+    assert_same(run.observable(), before)
+    assert not marker.exists()
+    # Left unbuilt, it is named.
+    unbuilt = checkpoint_module.inspect_checkpoint(tmp_path / "c").extra["sampler"]
+    assert isinstance(unbuilt, checkpoint_module.NotLoaded)
+    assert (unbuilt.module, unbuilt.name) == ("io", "open")
+    assert not marker.exists()
+
+    # The opt-in runs the file's code: here it opens the marker.
+    extra = read_checkpoint(tmp_path / "c", trust_extra=True).extra
+    extra["sampler"].close()
+    assert extra["epoch"] == 2 and marker.exists()
+    marker.unlink()
+    step = load_checkpoint(
+        tmp_path / "c",
+        model=run.model,
+        optimizer=run.optimizer,
+        scaler=run.scaler,
+        trust_extra=True,
+    )
+    assert step == 1 and marker.exists()
+
+
+def test_arrays_pickled_by_the_other_numpy_major_version_load(tmp_path):
+    # NumPy 2 pickles name numpy._core.multiarray, NumPy 1 numpy.core.multiarray: a
+    # checkpoint written under one is read under the other.
+    path, target = trained_run_and_checkpoint(tmp_path)
+    payload = payload_of(path)
+    payload["extra"] = {"scalar": np.float32(2.5), "array": np.arange(3)}
+    body = pickle.dumps(payload, protocol=4)
+    names = ("numpy._core.multiarray", "numpy.core.multiarray")
+    ours, other = names if names[0].encode() in body else names[::-1]
+    # Each name is a short string, its length first; optimize() then frames the pickle
+    # anew, around the shorter or longer strings.
+    short = [bytes([0x8C, len(name)]) + name.encode() for name in (ours, other)]
+    assert body.count(short[0]) >= 1 and other.encode() not in body
+    write_payload(path, None, pickletools.optimize(body.replace(*short)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # numpy.core warns on NumPy 2 when imported
+        checkpoint = read_checkpoint(path)
+    assert checkpoint.extra["scalar"] == np.float32(2.5)
+    np.testing.assert_array_equal(checkpoint.extra["array"], np.arange(3))
+    assert target.load(path) == 3
+
+
+def test_plain_values_in_extra_load_without_trust(tmp_path):
+    extra = {
+        "epoch": 3,
+        "loss": 0.25,
+        "name": "run-7",
+        "flags": (True, False, None),
+        "seen": {1, 2},
+        "frozen": frozenset({"a"}),
+        "nested": [{"lr": 1e-3, "ids": [1, 2, 3]}, b"bytes", bytearray(b"mutable"), 2 + 1j],
+        "ordered": collections.OrderedDict(a=1, b=2),
+        "array": np.arange(6, dtype=np.int16).reshape(2, 3),
+        "half": np.ones(2, dtype=np.float16),
+        "scalar": np.float32(1.5),
+        "numpy_rng": np.random.default_rng(5).bit_generator.state,
+        "legacy_rng": np.random.RandomState(5).get_state(),
+        "big": 10**30,
+        "range": range(3),
+    }
+    Run().save(tmp_path / "c", step=1, extra=extra)
+    loaded = read_checkpoint(tmp_path / "c").extra
+    assert loaded.keys() == extra.keys()
+    for key, value in extra.items():
+        if isinstance(value, np.ndarray):
+            np.testing.assert_array_equal(loaded[key], value)
+            assert loaded[key].dtype == value.dtype
+        elif key == "legacy_rng":
+            assert loaded[key][0] == value[0] and np.array_equal(loaded[key][1], value[1])
+        else:
+            assert loaded[key] == value, key
+            assert type(loaded[key]) is type(value), key
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda p: paddle.optimizer.SGD(learning_rate=0.1, parameters=p),
+        lambda p: paddle.optimizer.Momentum(learning_rate=0.1, parameters=p, use_nesterov=True),
+        lambda p: paddle.optimizer.Adam(
+            learning_rate=paddle.optimizer.lr.ReduceOnPlateau(0.1), parameters=p
+        ),
+        lambda p: paddle.optimizer.AdamW(
+            learning_rate=paddle.optimizer.lr.LinearWarmup(
+                paddle.optimizer.lr.CosineAnnealingDecay(0.1, T_max=5), 2, 0.0, 0.1
+            ),
+            parameters=p,
+        ),
+        lambda p: paddle.optimizer.RMSProp(learning_rate=0.1, parameters=p),
+        lambda p: paddle.optimizer.Adagrad(learning_rate=0.1, parameters=p),
+        lambda p: paddle.optimizer.Adamax(learning_rate=0.1, parameters=p),
+        lambda p: paddle.optimizer.Lamb(learning_rate=0.1, parameters=p),
+    ],
+    ids=["sgd", "momentum", "adam-plateau", "adamw-warmup", "rmsprop", "adagrad", "adamax", "lamb"],
+)
+def test_what_save_checkpoint_writes_reads_back_with_no_opt_in(tmp_path, build):
+    paddle.seed(0)
+    model = paddle.nn.Sequential(
+        paddle.nn.Linear(8, 16), paddle.nn.BatchNorm1D(16), paddle.nn.Linear(16, 4)
+    )
+    optimizer = build(model.parameters())
+    scaler = GradScaler(min_loss_scaling=2.0, max_loss_scaling=2.0**20)
+    for batch in batches(steps=3):
+        train_step(scaler, model, optimizer, batch)
+        schedule = optimizer._learning_rate
+        if isinstance(schedule, paddle.optimizer.lr.ReduceOnPlateau):
+            schedule.step(paddle.to_tensor(1.0))
+        elif isinstance(schedule, paddle.optimizer.lr.LRScheduler):
+            schedule.step()
+    path = tmp_path / "c"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Paddle 2.6 cannot save its generator's position
+        save_checkpoint(path, model=model, optimizer=optimizer, scaler=scaler, step=3)
+    # Every global the file refers to is on the allow-list: nothing comes back unbuilt.
+    content = checkpoint_module.inspect_checkpoint(path)
+    assert not list(checkpoint_module.not_loaded_in(dataclasses.asdict(content), "checkpoint"))
+    assert load_checkpoint(path, model=model, optimizer=optimizer, scaler=scaler) == 3
+
+
+def test_trust_extra_takes_only_a_bool(tmp_path):
+    path, target = trained_run_and_checkpoint(tmp_path)
+    for bad in ("yes", 1, None):
+        with pytest.raises(TypeError, match="trust_extra must be True or False"):
+            read_checkpoint(path, trust_extra=bad)
+        with pytest.raises(TypeError, match="trust_extra"):
+            load_checkpoint(
+                path,
+                model=target.model,
+                optimizer=target.optimizer,
+                scaler=target.scaler,
+                trust_extra=bad,
+            )
 
 
 def test_newer_format_version(tmp_path):

@@ -13,6 +13,7 @@ import paddle
 import pytest
 
 import paddle_amp_scaler
+from paddle_amp_scaler.core import fused_cpu
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMOKE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "release_smoke.py")
@@ -120,6 +121,22 @@ def test_a_newcomer_trains_skips_and_resumes_outside_the_checkout(release, tmp_p
     assert report["stats"] == {"iterations": 4, "skipped": 1}
     assert report["scale"] == 512.0
     assert (report["resumed_step"], report["resume_identical"]) == (4, True)
+    # The command line of the installed package: doctor sees the environment and the
+    # helper the training run built, inspect reads the checkpoint it saved.
+    doctor = report["doctor"]
+    assert doctor["status"] == 0 and doctor["ok"] is True, doctor
+    assert doctor["last_line"] == "Nothing here stands in the way of training."
+    assert doctor["package"].startswith(environment), doctor["package"]
+    assert doctor["unscale_path"] == report["default_path"]
+    if fused_cpu.disabled_by_environment():
+        assert doctor["helper"] == "disabled"
+    elif "fused-cpu" in report["unscale_paths"]:
+        assert doctor["helper"] == "built"
+    else:  # no compiler here
+        assert doctor["helper"] in ("failed", "not built yet")
+    inspected = report["inspect"]
+    assert inspected["status"] == 0 and inspected["step_line"].split() == ["step", "4"]
+    assert (inspected["step"], inspected["scale"], inspected["skipped"]) == (4, 512.0, 1)
     # Once the helper is built, a run prints nothing of it, nor of Paddle's builder. (On
     # Paddle 2.6 the checkpoint warns that its random generator cannot be saved.)
     assert "ccache" not in first.stderr, first.stderr

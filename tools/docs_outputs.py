@@ -1,8 +1,14 @@
 #!/usr/bin/env python
 """The outputs the documentation shows, regenerated from the code that prints them.
 
-A page marks each such block with the command that made it and the Paddle it ran on
-(", stdout" after the version: the command's standard output alone):
+A page marks each such block with the command that made it and the Paddle it ran on,
+then any of these options after the version:
+
+- ", stdout": the command's standard output alone;
+- ", after the Python block above": the page's last Python block before the mark runs
+  first, in a fresh folder, and the command runs there (on the files it wrote);
+- ", varies by machine": the output describes the machine (versions, paths), so
+  `--check` compares only the labels that start its lines.
 
     <!-- output: python examples/monitor_a_run.py (Paddle 3.3.1) -->
     ```text
@@ -23,33 +29,53 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import warnings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MARKED = re.compile(
     r"<!-- output: (?P<command>python [^\n]+?) "
-    r"\(Paddle (?P<paddle>[\w.]+)(?P<stdout>, stdout)?\) -->\n"
+    r"\(Paddle (?P<paddle>[\w.]+)(?P<options>(?:, [\w ]+)*)\) -->\n"
     r"```text\n(?P<body>.*?)```",
     re.S,
 )
+STDOUT, AFTER_BLOCK, VARIES = "stdout", "after the Python block above", "varies by machine"
+PYTHON_BLOCK = re.compile(r"^```python\n(?P<code>.*?)^```", re.S | re.M)
 
 
 def pages() -> list[str]:
     return [os.path.join(ROOT, "README.md")] + sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))
 
 
-def run(command: str, stdout_only: bool) -> subprocess.CompletedProcess[str]:
+def run(
+    command: str, stdout_only: bool, setup: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``command``'s output, from the root, or after ``setup`` (Python code) in a fresh
+    folder."""
     arguments = [sys.executable, *command.split()[1:]]
     environment = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
-    return subprocess.run(
-        arguments,
-        cwd=ROOT,
-        env=environment,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE if stdout_only else subprocess.STDOUT,
-        text=True,
-        timeout=600,
-    )
+
+    def execute(arguments: list[str], cwd: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            arguments,
+            cwd=cwd,
+            env=environment,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE if stdout_only else subprocess.STDOUT,
+            text=True,
+            timeout=600,
+        )
+
+    if setup is None:
+        return execute(arguments, ROOT)
+    with tempfile.TemporaryDirectory() as folder:
+        prepared = execute([sys.executable, "-c", setup], folder)
+        return prepared if prepared.returncode != 0 else execute(arguments, folder)
+
+
+def labels(output: str) -> list[str]:
+    """What starts each line, up to two spaces: the part of a report that is no value."""
+    return [re.split(r" {2,}", line.strip(), maxsplit=1)[0] for line in output.splitlines()]
 
 
 # Timings (paddle.Model's progress bar prints "3ms/step") differ from run to run.
@@ -77,18 +103,35 @@ def refresh(page: str, check: bool) -> list[str]:
 
     def replace(match: re.Match[str]) -> str:
         command = match["command"]
+        options = [option for option in match["options"].split(", ") if option]
+        unknown = set(options) - {STDOUT, AFTER_BLOCK, VARIES}
+        if unknown:
+            problems.append(f"{name}: `{command}` has unknown options {sorted(unknown)}")
+            return match[0]
         if check and match["paddle"] != version:
             print(f"{name}: `{command}` was recorded on Paddle {match['paddle']}; not compared")
             return match[0]
-        result = run(command, bool(match["stdout"]))
+        setup = None
+        if AFTER_BLOCK in options:
+            blocks = list(PYTHON_BLOCK.finditer(text, 0, match.start()))
+            if not blocks:
+                problems.append(f"{name}: `{command}` has no Python block above it")
+                return match[0]
+            setup = blocks[-1]["code"]
+        result = run(command, STDOUT in options, setup)
         if result.returncode != 0:
             reason = (result.stderr or result.stdout or "")[-500:]
             print(f"{name}: `{command}` cannot run here, left as it was:\n{reason}")
             return match[0]
         output = "\n".join(line.rstrip() for line in result.stdout.strip().splitlines())
-        if check and untimed(output) != untimed(match["body"].strip()):
+        shown = match["body"].strip()
+        if VARIES in options:
+            differs = labels(output) != labels(shown)
+        else:
+            differs = untimed(output) != untimed(shown)
+        if check and differs:
             problems.append(f"{name}: the output of `{command}` is not what the page shows")
-        recorded = f"Paddle {version}{match['stdout'] or ''}"
+        recorded = f"Paddle {version}{match['options']}"
         return f"<!-- output: {command} ({recorded}) -->\n```text\n{output}\n```"
 
     updated = MARKED.sub(replace, text)

@@ -1,0 +1,8 @@
+"""``python -m paddle_amp_scaler``: the command line, in ``cli.py``."""
+
+import sys
+
+from .cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())
