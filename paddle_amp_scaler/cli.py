@@ -27,6 +27,7 @@ from . import checkpoint
 from ._version import __version__
 from .core import fused_cpu, unscale_paths
 from .core.state_dict import parse_state_dict
+from .core.statistics import ScalerStats, headroom_bits
 
 WIDTH = 18  # the column where values start
 
@@ -622,12 +623,23 @@ def _scaler_summary(state: Mapping[str, Any]) -> dict[str, Any]:
         "decr_ratio": saved.decr_ratio,
         "incr_every_n_steps": saved.incr_every_n_steps,
         "decr_every_n_nan_or_inf": saved.decr_every_n_nan_or_inf,
-        "policy": _plain(state.get("policy", "interval")),
+        "policy": saved.policy or "interval",
+        "headroom": saved.headroom,
         "min_loss_scaling": bounds[0] if bounds else None,
         "max_loss_scaling": bounds[1] if bounds else None,
         "bounds_saved": bounds is not None,
-        "stats": dataclasses.asdict(saved.stats) if saved.stats is not None else None,
+        "stats": _counts_of(saved.stats),
     }
+
+
+def _counts_of(stats: ScalerStats | None) -> dict[str, Any] | None:
+    """The counts a state dict saves: a ScalerStats but its scale and headroom, which
+    the state dict keeps elsewhere."""
+    if stats is None:
+        return None
+    counts = dataclasses.asdict(stats)
+    del counts["scale"], counts["headroom_bits"]
+    return counts
 
 
 def _model_summary(model: Mapping[str, Any]) -> dict[str, Any]:
@@ -759,8 +771,20 @@ def _scaler_lines(scaler: Mapping[str, Any]) -> list[str]:
         _line("  policy", scaler["policy"]),
         _line("  bounds", bounds),
     ]
+    memory = scaler["headroom"]
+    if memory is not None:
+        headroom = headroom_bits(memory["amax"])
+        grown_at = memory["grown_at"] if memory["grown_at"] >= 0 else None
+        lines.append(
+            _line(
+                "  headroom",
+                f"margin {memory['margin']} bits, last amax {memory['amax']:g}"
+                + ("" if headroom is None else f" ({headroom:.2f} bits below float16's top)")
+                + f", last grew at iteration {_none(grown_at)}",
+            )
+        )
     if stats is not None:
-        counts = [f"{key} {_none(value)}" for key, value in stats.items() if key != "scale"]
+        counts = [f"{key} {_none(value)}" for key, value in stats.items()]
         lines.append(_line("  stats", ", ".join(counts)))
     return lines
 

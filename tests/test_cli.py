@@ -445,14 +445,32 @@ def test_inspect_as_json(trained):
     assert report["extra"]["entries"]["epoch"] == {"type": "int", "value": 2}
 
 
-def test_inspect_shows_a_saved_policy(trained):
-    path, _, _ = trained
-    payload = pickle.loads(path.read_bytes()[checkpoint_module._HEADER.size :])
-    payload["scaler"]["policy"] = "every_n_overflows"
-    write_payload(path, payload)
-    result = run_cli("inspect", str(path), cwd=path.parent)
+def test_inspect_shows_a_saved_policy_and_its_memory(tmp_path):
+    model = make_model()
+    optimizer = paddle.optimizer.SGD(learning_rate=0.1, parameters=model.parameters())
+    scaler = GradScaler(policy="headroom", init_loss_scaling=2.0)
+    scaler.scale(model(paddle.ones([2, 8])).mean()).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    path = tmp_path / "run.ckpt"
+    save_quietly(path, model=model, optimizer=optimizer, scaler=scaler, step=1)
+    memory = scaler.state_dict()["headroom"]
+    result = run_cli("inspect", str(path), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert fields(result.stdout)["policy"] == "every_n_overflows"
+    facts = fields(result.stdout)
+    assert facts["policy"] == "headroom"
+    bits = scaler.stats().headroom_bits
+    assert facts["headroom"] == (
+        f"margin {memory['margin']} bits, last amax {memory['amax']:g} ({bits:.2f} bits "
+        "below float16's top), last grew at iteration 1"
+    )
+    report = json.loads(run_cli("inspect", "--json", str(path), cwd=tmp_path).stdout)
+    assert report["scaler"]["policy"] == "headroom" and report["scaler"]["headroom"] == memory
+    # The interval rule's dict says so, and has no memory to show.
+    interval = tmp_path / "interval.ckpt"
+    save_quietly(interval, model=model, optimizer=optimizer, scaler=GradScaler(), step=1)
+    facts = fields(run_cli("inspect", str(interval), cwd=tmp_path).stdout)
+    assert facts["policy"] == "interval" and "headroom" not in facts
 
 
 def test_inspect_names_objects_in_extra_and_runs_none(tmp_path):
