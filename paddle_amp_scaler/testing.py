@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import os
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
 import paddle
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -36,6 +38,235 @@ def emulate_fp16_grads(model: paddle.nn.Layer) -> list[Any]:
 
 def _round_through_float16(grad: paddle.Tensor) -> paddle.Tensor:
     return grad.astype(paddle.float16).astype(grad.dtype)
+
+
+# Where float32 magnitudes land in float16, rounding to nearest, ties to even: at most
+# half the smallest subnormal (2**-25, a tie that goes to the even 0) flushes to zero;
+# below the midpoint between the largest subnormal and 2**-14 (a tie that goes to the
+# even 2**-14) stays subnormal; from the midpoint between 65504 and 65536 up is inf.
+FLUSH_LIMIT = 2.0**-25
+SUBNORMAL_LIMIT = 2.0**-14 - 2.0**-25
+OVERFLOW_LIMIT = 65520.0
+_FLOAT32_MANTISSA_BITS, _FLOAT32_EXPONENTS = 23, 256
+
+
+@dataclasses.dataclass
+class CensusCounts:
+    """Gradient elements counted by an ``UnderflowCensus``.
+
+    Args:
+        nonzero: finite elements other than zero, before rounding.
+        flushed: those of them that float16 rounds to zero.
+        subnormal: those that float16 holds only as subnormals (nonzero, below 2**-14).
+        overflowed: finite elements that float16 rounds to inf.
+    """
+
+    nonzero: int = 0
+    flushed: int = 0
+    subnormal: int = 0
+    overflowed: int = 0
+
+    def __add__(self, other: CensusCounts) -> CensusCounts:
+        return CensusCounts(
+            self.nonzero + other.nonzero,
+            self.flushed + other.flushed,
+            self.subnormal + other.subnormal,
+            self.overflowed + other.overflowed,
+        )
+
+    @property
+    def flushed_fraction(self) -> float:
+        """``flushed / nonzero`` (0.0 with nothing counted)."""
+        return self.flushed / self.nonzero if self.nonzero else 0.0
+
+    @property
+    def subnormal_fraction(self) -> float:
+        """``subnormal / nonzero`` (0.0 with nothing counted)."""
+        return self.subnormal / self.nonzero if self.nonzero else 0.0
+
+
+def count_float16_range(values: Any) -> CensusCounts:
+    """Where the elements of ``values`` (a tensor or an array) land when rounded to
+    float16: ``CensusCounts`` of them. Elements already inf or nan are left out."""
+    return _counted(_finite_magnitudes(values))
+
+
+def _finite_magnitudes(values: Any) -> np.ndarray:
+    array = values.numpy() if isinstance(values, paddle.Tensor) else np.asarray(values)
+    magnitudes = np.abs(array.astype(np.float32, copy=False))
+    finite: np.ndarray = magnitudes[np.isfinite(magnitudes)]
+    return finite
+
+
+def _counted(finite: np.ndarray) -> CensusCounts:
+    nonzero = int(np.count_nonzero(finite))
+    at_most_flush = int(np.count_nonzero(finite <= FLUSH_LIMIT))
+    below_normal = int(np.count_nonzero(finite < SUBNORMAL_LIMIT))
+    zeros = finite.size - nonzero
+    return CensusCounts(
+        nonzero=nonzero,
+        flushed=at_most_flush - zeros,
+        subnormal=below_normal - at_most_flush,
+        overflowed=int(np.count_nonzero(finite >= OVERFLOW_LIMIT)),
+    )
+
+
+class UnderflowCensus:
+    """Counts, per iteration, what float16 does to the gradients that reach tensors
+    rounded by ``round_through_float16`` (``round_linear_layers`` included): of the
+    nonzero finite elements, how many it flushes to zero, how many it keeps only as
+    subnormals and how many it turns into inf. With a loss scale these are the scaled
+    gradients, as a GPU's fp16 backward holds them.
+
+    Each gradient is read to the host once, in the backward pass (on a GPU, a sync per
+    rounded tensor: a tool for experiments, not for production loops). End every
+    iteration with ``end_iteration``, saying whether its step was skipped: a skipped
+    iteration's counts are discarded, since its gradients never reached the weights::
+
+        census = UnderflowCensus()
+        round_linear_layers(model, census)
+        for batch in batches:
+            scaler.scale(loss_of(model, batch)).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            census.end_iteration(skipped=scaler.last_step_skipped())
+        census.kept.flushed_fraction
+
+    Args:
+        by_label: also count by the label given to ``round_through_float16``
+            (``round_linear_layers`` gives each layer's path in the model): the kept
+            iterations' in ``kept_by_label``, the last iteration's (kept or not, in the
+            order the backward pass reached them) in ``last_by_label``.
+        exponents: also count the nonzero elements of each iteration by their float32
+            exponent: after ``end_iteration``, ``last_exponents[e]`` is how many had
+            the biased exponent ``e`` (magnitudes in ``[2**(e-127), 2**(e-126))``; 0
+            holds float32's subnormals), and ``last_amax`` is their largest magnitude,
+            for asking what another scale would have kept.
+    """
+
+    def __init__(self, *, by_label: bool = False, exponents: bool = False) -> None:
+        self.kept = CensusCounts()
+        self.kept_iterations = 0
+        self.discarded_iterations = 0
+        self.kept_by_label: dict[str, CensusCounts] = {}
+        self.last_by_label: dict[str, CensusCounts] = {}
+        self.last_exponents: np.ndarray | None = None
+        self.last_amax = 0.0
+        self._by_label = by_label
+        self._current = CensusCounts()
+        self._current_by_label: dict[str, CensusCounts] = {}
+        self._current_exponents: np.ndarray | None = (
+            np.zeros(_FLOAT32_EXPONENTS, dtype=np.int64) if exponents else None
+        )
+        self._current_amax = 0.0
+
+    def observe(self, grad: paddle.Tensor, label: str = "") -> None:
+        """Count one gradient into the current iteration (the hook's body)."""
+        finite = _finite_magnitudes(grad)
+        counts = _counted(finite)
+        self._current = self._current + counts
+        if self._by_label:
+            before = self._current_by_label.get(label, CensusCounts())
+            self._current_by_label[label] = before + counts
+        if self._current_exponents is not None:
+            # The sign bit is clear: the exponent is all that is left above the mantissa.
+            biased = finite[finite > 0].view(np.uint32) >> _FLOAT32_MANTISSA_BITS
+            self._current_exponents += np.bincount(biased, minlength=_FLOAT32_EXPONENTS)
+            if finite.size:
+                self._current_amax = max(self._current_amax, float(finite.max()))
+
+    def hook(self, label: str = "") -> Callable[[paddle.Tensor], None]:
+        """A gradient hook that counts into this census and leaves the gradient as it is."""
+
+        def counting(grad: paddle.Tensor) -> None:
+            # None leaves the gradient to Paddle as it was; a hook that returns anything
+            # but a tensor or None crashes Paddle's backward pass.
+            self.observe(grad, label)
+
+        return counting
+
+    def end_iteration(self, *, skipped: bool = False) -> CensusCounts:
+        """Close the current iteration: its counts are kept, or discarded if its step was
+        ``skipped``. Returns them either way."""
+        counts, by_label = self._current, self._current_by_label
+        self._current, self._current_by_label = CensusCounts(), {}
+        self.last_by_label = by_label
+        if self._current_exponents is not None:
+            self.last_exponents = self._current_exponents
+            self._current_exponents = np.zeros_like(self.last_exponents)
+            self.last_amax, self._current_amax = self._current_amax, 0.0
+        if skipped:
+            self.discarded_iterations += 1
+            return counts
+        self.kept = self.kept + counts
+        self.kept_iterations += 1
+        for label, label_counts in by_label.items():
+            self.kept_by_label[label] = self.kept_by_label.get(label, CensusCounts()) + label_counts
+        return counts
+
+
+def round_through_float16(
+    tensor: paddle.Tensor, census: UnderflowCensus | None = None, label: str = ""
+) -> paddle.Tensor:
+    """``tensor`` rounded to float16 and back to its dtype, in both passes.
+
+    For a hand-written matmul (attention's, say) on a machine without float16 kernels:
+    round its inputs and its output. The backward of the two casts rounds the gradient
+    through float16 too, as the cast operations of O1 do on a GPU: a gradient above
+    65504 becomes inf and one at or below 2**-25 flushes to zero. With a ``census``, a
+    hook counts that gradient before it is rounded, under ``label``.
+    """
+    rounded = tensor.astype(paddle.float16).astype(tensor.dtype)
+    if census is not None and not rounded.stop_gradient:
+        rounded.register_hook(census.hook(label))
+    return rounded
+
+
+class RestoredForward:
+    """Undoes ``round_linear_layers`` for one layer: ``remove()`` gives it back its own
+    ``forward``."""
+
+    def __init__(self, layer: paddle.nn.Layer) -> None:
+        self._layer = layer
+
+    def remove(self) -> None:
+        self._layer.__dict__.pop("forward", None)
+
+
+def round_linear_layers(
+    model: paddle.nn.Layer, census: UnderflowCensus | None = None
+) -> list[RestoredForward]:
+    """Make every ``paddle.nn.Linear`` of ``model`` (itself included) compute as a float16
+    matmul would on a GPU under O1: input, weight, bias and output each rounded through
+    float16 by ``round_through_float16``, so that forward values and the gradients of
+    all four are float16's. ``census`` counts them under the layer's path in ``model``
+    (``"blocks.0.up.weight"``; a ``model`` that is itself a Linear: its full name). The
+    parameters stay float32, as O1's master copies. Returns one handle per layer
+    (``.remove()`` undoes it). Matmuls written by hand need ``round_through_float16``.
+    """
+    if not isinstance(model, paddle.nn.Layer):
+        raise TypeError(f"model must be a paddle.nn.Layer, got {type(model).__name__}")
+    handles = []
+    for path, layer in model.named_sublayers(include_self=True):
+        if isinstance(layer, paddle.nn.Linear):
+            layer.forward = _rounding_forward(layer, census, path or layer.full_name())
+            handles.append(RestoredForward(layer))
+    return handles
+
+
+def _rounding_forward(
+    layer: paddle.nn.Linear, census: UnderflowCensus | None, name: str
+) -> Callable[[paddle.Tensor], paddle.Tensor]:
+    def forward(inputs: paddle.Tensor) -> paddle.Tensor:
+        bias = layer.bias
+        output = paddle.nn.functional.linear(
+            round_through_float16(inputs, census, f"{name}.input"),
+            round_through_float16(layer.weight, census, f"{name}.weight"),
+            None if bias is None else round_through_float16(bias, census, f"{name}.bias"),
+        )
+        return round_through_float16(output, census, f"{name}.output")
+
+    return forward
 
 
 _READ_METHODS = (

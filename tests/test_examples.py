@@ -64,38 +64,105 @@ def digits():
     return module
 
 
-def test_default_run_reaches_95_percent_and_draws_the_figure(digits, tmp_path, capsys):
+def summary_of(out, policy):
+    """The numbers of one policy's summary line: skipped steps, flushed %, accuracy %."""
+    (line,) = [line for line in out.splitlines() if line.startswith(f"{policy}:")]
+    skipped = int(line.split("skipped steps ")[1].split()[0])
+    flushed = float(line.split("gradients flushed to zero ")[1].split("%")[0])
+    accuracy = float(line.split("test accuracy ")[1].split("%")[0])
+    return skipped, flushed, accuracy
+
+
+def visualdl_points(folder, tag):
+    """(step, value) of ``tag`` in the one VisualDL record of ``folder``."""
+    visualdl = pytest.importorskip("visualdl", reason="VisualDL is the integrations extra")
+    (name,) = os.listdir(folder)
+    reader = visualdl.LogReader(file_path=str(folder / name))
+    return [(point.id, point.value) for point in reader.get_data("scalar", tag)]
+
+
+def test_default_run_trains_both_policies_above_95_percent_and_draws_the_figure(
+    digits, tmp_path, capsys
+):
     figure, logs = tmp_path / "training.png", tmp_path / "vdl"
-    accuracy = digits.main(["--no-progress", "--plot", str(figure), "--visualdl-dir", str(logs)])
-    assert accuracy >= 0.95
+    accuracies = digits.main(["--no-progress", "--plot", str(figure), "--visualdl-dir", str(logs)])
+    assert set(accuracies) == {"interval", "headroom"}
+    assert min(accuracies.values()) >= 0.95
     assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     out = capsys.readouterr().out
-    skipped = int(out.split("skipped steps ")[1].split()[0])
-    assert skipped >= 1, "the default CPU run should show overflow and back-off"
-    # The VisualDL log: the loss every step, the scaler's numbers every tenth.
-    visualdl = pytest.importorskip("visualdl", reason="VisualDL is the integrations extra")
-    (name,) = os.listdir(logs)
-    reader = visualdl.LogReader(file_path=str(logs / name))
-    assert {"train/loss", "train/loss_scale", "train/skipped"} <= set(reader.get_tags()["scalar"])
-    assert len(reader.get_data("scalar", "train/loss")) == 660
-    assert reader.get_data("scalar", "train/skipped")[-1].value == skipped
+    for policy in ("interval", "headroom"):
+        skipped, flushed, accuracy = summary_of(out, policy)
+        assert skipped >= 1, f"{policy}: the initial 2**24 should overflow and back off"
+        # The emulation rounds every matmul: as the loss falls, gradients underflow.
+        assert 0 < flushed < 5, (policy, flushed)
+        assert accuracy == pytest.approx(100 * accuracies[policy], abs=0.01)
+        # The VisualDL log: one record per policy, the loss every step, the scaler's
+        # numbers every tenth.
+        pytest.importorskip("visualdl", reason="VisualDL is the integrations extra")
+        assert len(visualdl_points(logs / policy, "train/loss")) == 660
+        assert visualdl_points(logs / policy, "train/skipped")[-1][1] == skipped
+    assert sorted(os.listdir(logs)) == ["headroom", "interval"]
+
+
+def test_the_policies_start_alike_and_part_on_the_scale(digits, tmp_path):
+    common = ["--no-progress", "--plot", "", "--visualdl-dir", "", "--epochs", "2"]
+    digits.main(common + ["--ckpt-dir", str(tmp_path)])
+    from paddle_amp_scaler import read_checkpoint
+
+    history = read_checkpoint(tmp_path / "digits.ckpt").extra["history"]
+    interval, headroom = history["interval"], history["headroom"]
+    # Same weights, same batch: the first loss is the same; the scales then differ, as
+    # headroom calibrates in its first iterations and interval halves once per skip.
+    assert interval["loss"][0] == headroom["loss"][0]
+    assert interval["scale"][:3] == [2.0**24, 2.0**23, 2.0**22]
+    assert headroom["scale"][1] < interval["scale"][1]
+    assert digits.main(common + ["--policies", "headroom", "--ckpt-dir", str(tmp_path / "h")])
+
+
+def test_a_second_run_replaces_the_first_runs_visualdl_record(digits, tmp_path):
+    pytest.importorskip("visualdl", reason="VisualDL is the integrations extra")
+    logs = tmp_path / "vdl"
+    logs.mkdir()
+    # What the demo wrote before it logged each policy in its own folder.
+    (logs / "vdlrecords.1700000000.log").write_bytes(b"")
+    common = ["--no-progress", "--plot", "", "--visualdl-dir", str(logs), "--epochs", "2"]
+    digits.main(common)
+    first = {policy: os.listdir(logs / policy) for policy in ("interval", "headroom")}
+    digits.main(common + ["--lr", "1e-3"])
+    assert sorted(os.listdir(logs)) == ["headroom", "interval"]
+    for policy in ("interval", "headroom"):
+        assert len(os.listdir(logs / policy)) == 1, first[policy]
+        steps = [step for step, _ in visualdl_points(logs / policy, "train/loss")]
+        assert steps == list(range(1, 45)), "one run's 44 steps, once each"
 
 
 def test_resumed_run_ends_with_the_uninterrupted_parameters(digits, tmp_path):
     from paddle_amp_scaler import read_checkpoint
 
-    common = ["--no-progress", "--plot", "", "--visualdl-dir", ""]
-    common += ["--epochs", "3", "--ckpt-every", "10"]
-    digits.main(common + ["--ckpt-dir", str(tmp_path / "straight")])
-    assert digits.main(common + ["--ckpt-dir", str(tmp_path / "cut"), "--stop-after", "35"]) is None
+    common = ["--no-progress", "--plot", "", "--epochs", "3", "--ckpt-every", "10"]
+    straight_logs, cut_logs = tmp_path / "vdl-straight", tmp_path / "vdl-cut"
+    straight_args = ["--ckpt-dir", str(tmp_path / "straight"), "--visualdl-dir", str(straight_logs)]
+    digits.main(common + straight_args)
+    cut = ["--ckpt-dir", str(tmp_path / "cut"), "--visualdl-dir", str(cut_logs)]
+    assert digits.main(common + cut + ["--stop-after", "35"]) is None
     assert read_checkpoint(tmp_path / "cut" / "digits.ckpt").step == 35
-    digits.main(common + ["--ckpt-dir", str(tmp_path / "cut"), "--resume"])
+    digits.main(common + cut + ["--resume"])
     straight = read_checkpoint(tmp_path / "straight" / "digits.ckpt")
     resumed = read_checkpoint(tmp_path / "cut" / "digits.ckpt")
     assert straight.step == resumed.step
-    for key, value in straight.models[0].items():
-        np.testing.assert_array_equal(resumed.models[0][key], value, err_msg=key)
+    assert len(straight.models) == 2
+    for saved, restored in zip(straight.models, resumed.models):
+        for key, value in saved.items():
+            np.testing.assert_array_equal(restored[key], value, err_msg=key)
     assert straight.extra["history"] == resumed.extra["history"]
+    assert straight.scaler == resumed.scaler
+    assert straight.extra["scalers"] == resumed.extra["scalers"]
+    # The resumed run adds to the interrupted run's VisualDL record: one line, each step once.
+    pytest.importorskip("visualdl", reason="VisualDL is the integrations extra")
+    for policy in ("interval", "headroom"):
+        assert visualdl_points(cut_logs / policy, "train/loss") == visualdl_points(
+            straight_logs / policy, "train/loss"
+        )
 
 
 def test_help_documents_every_flag():
@@ -107,6 +174,7 @@ def test_help_documents_every_flag():
         "--lr",
         "--init-scale",
         "--incr-every",
+        "--policies",
         "--device",
         "--emulate-fp16",
         "--ckpt-dir",
@@ -121,7 +189,7 @@ def test_help_documents_every_flag():
         assert flag in result.stdout
     # Each default said once, and none for a flag that has none.
     help_text = " ".join(result.stdout.split())
-    assert help_text.count("(default") == 10 and "(default: None)" not in help_text
+    assert help_text.count("(default") == 11 and "(default: None)" not in help_text
     assert ") (default" not in help_text
 
 
@@ -132,6 +200,7 @@ def test_help_documents_every_flag():
         (["--lr", "-1"], "--lr must be positive"),
         (["--resume"], "--resume and --stop-after need --ckpt-dir"),
         (["--device", "tpu"], "invalid choice"),
+        (["--policies", "fixed"], "choose from interval,headroom"),
         (["--bogus"], "unrecognized arguments"),
     ],
 )
