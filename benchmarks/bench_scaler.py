@@ -285,7 +285,11 @@ OPTIONS = {
     "floor 0.5": {"min_loss_scaling": 0.5},
     "stuck": {"stuck_after": 100},
     "report": {"report_overflows": True},
-    "headroom": {"policy": "headroom"},
+    # Held at the start by its bound: the gradients restored between steps do not follow
+    # the scale, as real ones do, and would let the policy grow without end (into
+    # subnormal unscaled values, which the CPU computes slowly). The policy still
+    # measures and decides at every step.
+    "headroom": {"policy": "headroom", "max_loss_scaling": SCALE},
 }
 
 

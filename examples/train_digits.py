@@ -76,10 +76,10 @@ def parse_args(argv=None):
     parser.add_argument(
         "--incr-every",
         type=int,
-        default=100,
-        help="finite steps between scale increases under interval; under headroom, the "
-        "quiet stretch before it tries a bit closer to float16's ceiling "
-        "(default: %(default)s)",
+        default=1000,
+        help="finite steps between scale increases under interval; under headroom, how "
+        "long its margin stands before it tries a bit closer to float16's ceiling "
+        "(default: %(default)s, AmpScaler's)",
     )
     parser.add_argument(
         "--policies",

@@ -132,6 +132,7 @@ def test_a_state_dict_resumes_the_policy_and_its_memory_exactly(path):
     saved = first.state_dict()
     assert saved["policy"] == "headroom" and set(saved["headroom"]) == {
         "margin",
+        "margin_at",
         "anchor",
         "grown_at",
         "amax",
@@ -162,6 +163,7 @@ def test_paddles_and_pytorchs_dicts_load_into_the_policys_defaults():
     assert saved["policy"] == "headroom"
     assert saved["headroom"] == {
         "margin": rule.INITIAL_MARGIN,
+        "margin_at": 0,
         "anchor": 0.0,
         "grown_at": rule.NEVER,
         "amax": 0.0,
@@ -179,14 +181,20 @@ def test_paddles_and_pytorchs_dicts_load_into_the_policys_defaults():
     assert torch_face.get_scale() == 512.0 and torch_face.get_incr_count() == 3
 
 
+# A valid memory: each case below spoils one thing of it.
+MEMORY = {"margin": 2, "margin_at": 0, "anchor": 1.0, "grown_at": 0, "amax": 1.0}
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
         ({"policy": "fast"}, "state_dict\\['policy'\\] must be"),
-        ({"headroom": {"margin": 2, "anchor": 1.0, "grown_at": 0}}, "must be a dict with"),
-        ({"headroom": {"margin": 99, "anchor": 1.0, "grown_at": 0, "amax": 1.0}}, "margin"),
-        ({"headroom": {"margin": 2, "anchor": -1.0, "grown_at": 0, "amax": 1.0}}, "anchor"),
-        ({"headroom": {"margin": 2.5, "anchor": 1.0, "grown_at": 0, "amax": 1.0}}, "margin"),
+        ({"headroom": {**MEMORY, "amax": None}}, "amax"),
+        ({"headroom": {key: MEMORY[key] for key in ("margin", "anchor")}}, "must be a dict"),
+        ({"headroom": {**MEMORY, "margin": 99}}, "margin"),
+        ({"headroom": {**MEMORY, "anchor": -1.0}}, "anchor"),
+        ({"headroom": {**MEMORY, "margin": 2.5}}, "margin"),
+        ({"headroom": {**MEMORY, "margin_at": "0"}}, "margin_at"),
     ],
 )
 def test_a_bad_headroom_dict_names_the_key_and_changes_nothing(change, message):

@@ -181,12 +181,15 @@ def test_headroom_never_grows_into_an_overflow_the_amax_predicts():
             assert amax * after.scale / state.scale <= rule.FLOAT16_MAX / 2**state.margin
 
 
-def test_an_overflow_soon_after_a_growth_widens_the_margin():
+def test_an_overflow_soon_after_a_growth_widens_the_margin_once():
     state = rule.adjust_headroom(headroom(2.0**10, incr_every_n_steps=100), False, 1.0)
     assert state.grown_at == 1 and state.margin == rule.INITIAL_MARGIN
     state = rule.adjust_headroom(state, True, float("inf"))
-    # Backed off now; the next look sees it within 100 // 4 iterations of the growth.
-    assert state.margin == rule.INITIAL_MARGIN + 1
+    # Backed off now; this look sees it within 100 // 4 iterations of the growth.
+    assert state.margin == rule.INITIAL_MARGIN + 1 and state.margin_at == 2
+    # A second overflow after the same growth is not charged to it again.
+    state = rule.adjust_headroom(state, True, float("inf"))
+    assert state.margin == rule.INITIAL_MARGIN + 1 and state.grown_at == rule.NEVER
 
 
 def test_a_spike_long_after_the_last_growth_is_climbed_back_at_once():
@@ -201,11 +204,15 @@ def test_a_spike_long_after_the_last_growth_is_climbed_back_at_once():
     assert state.scale == top
 
 
-def test_a_quiet_stretch_narrows_the_margin_by_one_bit():
+def test_the_margin_narrows_a_bit_once_it_stood_a_period_spikes_or_not():
     state = headroom(2.0**10, incr_every_n_steps=4)
-    for _ in range(4):
+    for _ in range(3):
         state = rule.adjust_headroom(state, False, 9000.0)
-    assert state.margin == rule.INITIAL_MARGIN - 1 and state.incr_count == 0
+    assert state.margin == rule.INITIAL_MARGIN
+    # A spike (no growth before it) does not restart the margin's stretch.
+    state = rule.adjust_headroom(state, True, float("inf"))
+    state = rule.adjust_headroom(state, False, 9000.0)
+    assert state.margin == rule.INITIAL_MARGIN - 1 and state.margin_at == 5
     for _ in range(8):
         state = rule.adjust_headroom(state, False, 30000.0)
     assert state.margin == rule.MIN_MARGIN

@@ -265,6 +265,7 @@ class FusedCpu:
             tensors.incr_count,
             tensors.decr_count,
             tensors.margin,
+            tensors.margin_at,
             tensors.grown_at,
             tensors.anchor,
             tensors.amax,
@@ -278,6 +279,7 @@ class FusedCpu:
             rule.CALIBRATION_ITERATIONS,
             rule.MIN_MARGIN,
             rule.MAX_MARGIN,
+            rule.NEVER,
             factors,
             limits,
         )

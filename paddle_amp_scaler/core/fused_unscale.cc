@@ -329,19 +329,20 @@ paddle::Tensor UpdateScale(const paddle::Tensor& found, paddle::Tensor& scale,
                                decr_ratio, min_scale, max_scale, backoff_divisor));
 }
 
-// rule.adjust_headroom in place: `memory` is the policy's int32 [margin, grown_at] and
-// `floats` its float32 [anchor, last_amax]; `growth_factors` (incr_ratio ** k, k = 0..K)
+// rule.adjust_headroom in place, on the scale, the counters and the policy's memory
+// (margin, margin_at, grown_at, anchor, last_amax); `growth_factors` (incr_ratio ** k, k = 0..K)
 // and `limits` (FLOAT16_MAX / 2 ** margin) are rule.py's float32 tables, so that every
 // form compares the same bits. `measured` False: the amax was not measured this
 // iteration, and only the interval rule's back-off runs. Returns whether it fired.
 paddle::Tensor UpdateScaleHeadroom(
     const paddle::Tensor& found_inf, const paddle::Tensor& amax_tensor, bool measured,
     int64_t iteration, paddle::Tensor& scale, paddle::Tensor& incr_count,
-    paddle::Tensor& decr_count, paddle::Tensor& margin, paddle::Tensor& grown_at,
-    paddle::Tensor& anchor, paddle::Tensor& last_amax, int incr_every_n_steps,
+    paddle::Tensor& decr_count, paddle::Tensor& margin, paddle::Tensor& margin_at,
+    paddle::Tensor& grown_at, paddle::Tensor& anchor, paddle::Tensor& last_amax,
+    int incr_every_n_steps,
     int decr_every_n_nan_or_inf, float decr_ratio, float min_scale, float cap,
     float backoff_divisor, float calibration_stride, int64_t calibration_iterations,
-    int min_margin, int max_margin, const paddle::Tensor& growth_factors,
+    int min_margin, int max_margin, int32_t never, const paddle::Tensor& growth_factors,
     const paddle::Tensor& limits) {
   const bool found = found_inf.data<bool>()[0];
   float* scale_value = scale.data<float>();
@@ -356,13 +357,17 @@ paddle::Tensor UpdateScaleHeadroom(
   }
   const float amax = amax_tensor.data<float>()[0];
   int32_t* margin_value = margin.data<int32_t>();
+  int32_t* margin_at_value = margin_at.data<int32_t>();
   int32_t* grown_at_value = grown_at.data<int32_t>();
   const bool usable = !found && amax > 0.0f;
   const bool learn = s < anchor.data<float>()[0] &&
                      iteration - *grown_at_value <= incr_every_n_steps / 4;
-  const bool quiet = usable && *incr >= incr_every_n_steps;
+  const bool quiet =
+      usable && !learn && iteration - *margin_at_value >= incr_every_n_steps;
   *margin_value = std::min(std::max(*margin_value + learn - quiet, min_margin), max_margin);
-  if (quiet) *incr = 0;
+  if (learn || quiet) *margin_at_value = static_cast<int32_t>(iteration);
+  // A growth is charged one bit of margin at most: learning forgets it.
+  if (learn) *grown_at_value = never;
   bool grew = false;
   if (usable) {
     const float* factors = growth_factors.data<float>();

@@ -197,7 +197,7 @@ class PaddleKernels:
         if amax is None:
             return backed_off
         known = self._constants_for(policy, tensors.scale)
-        scale, margin, incr_count = tensors.scale, tensors.margin, tensors.incr_count
+        scale, margin = tensors.scale, tensors.margin
         if iteration <= rule.CALIBRATION_ITERATIONS:
             lowered = _C_ops.maximum(scale * known.calibration_stride, known.min_scale)
             paddle.assign(_C_ops.where(backed_off, lowered, scale), output=scale)
@@ -207,10 +207,14 @@ class PaddleKernels:
         usable = paddle.logical_and(
             paddle.logical_not(found), paddle.greater_than(amax, known.zero)
         )
-        quiet = paddle.logical_and(usable, paddle.greater_equal(incr_count, known.period))
+        # Unchanged for a period, and not learning now: learning and narrowing at once
+        # would leave the margin where it was.
+        stale = paddle.less_equal(tensors.margin_at, now - policy.incr_every_n_steps)
+        quiet = paddle.logical_and(paddle.logical_and(usable, stale), paddle.logical_not(learn))
         step = learn.astype(paddle.int32) - quiet.astype(paddle.int32)
         _C_ops.clip_(_C_ops.add_(margin, step), rule.MIN_MARGIN, rule.MAX_MARGIN)
-        paddle.assign(_C_ops.where(quiet, known.zero_count, incr_count), output=incr_count)
+        changed = paddle.logical_or(learn, quiet)
+        paddle.assign(_C_ops.where(changed, now, tensors.margin_at), output=tensors.margin_at)
         # How many growth steps fit below the margin's limit; none where nothing was
         # usable (an inf amax fits none).
         usable_amax = _C_ops.where(usable, amax, known.infinity)
@@ -219,7 +223,9 @@ class PaddleKernels:
         grown = _C_ops.minimum(scale * paddle.gather(known.factors, fits.sum()), known.cap)
         grew = paddle.greater_than(grown, scale)
         paddle.assign(grown, output=scale)
-        paddle.assign(_C_ops.where(grew, now, tensors.grown_at), output=tensors.grown_at)
+        # A growth is charged one bit of margin at most: learning forgets it.
+        grown_at = _C_ops.where(learn, known.never, tensors.grown_at)
+        paddle.assign(_C_ops.where(grew, now, grown_at), output=tensors.grown_at)
         paddle.assign(_C_ops.where(usable, amax, tensors.amax), output=tensors.amax)
         paddle.assign(scale, output=tensors.anchor)
         return paddle.logical_or(backed_off, grew)
@@ -245,8 +251,7 @@ class _HeadroomConstants:
         self.cap = on_device([cap], paddle.float32)
         self.zero = on_device([0.0], paddle.float32)
         self.infinity = on_device([np.inf], paddle.float32)
-        self.zero_count = on_device([0], paddle.int32)
-        self.period = on_device([policy.incr_every_n_steps], paddle.int32)
+        self.never = on_device([rule.NEVER], paddle.int32)
         factors = rule.growth_factors(policy.incr_ratio)
         self.factors = on_device(factors, paddle.float32)
         self.growth_factors = on_device(factors[1:], paddle.float32)

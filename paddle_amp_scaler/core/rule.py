@@ -77,7 +77,7 @@ class LossScaleState:
     Args:
         scale: the scale.
         incr_count: finite iterations in a row towards the next growth (under the
-            headroom policy: since the last overflow or margin change).
+            headroom policy: finite iterations since the last overflow).
         decr_count: iterations with inf/nan in a row towards the next back-off.
         policy: how the scale moves.
         float32: products are rounded to float32, as on the device; False keeps Python
@@ -85,6 +85,7 @@ class LossScaleState:
         fired: whether the transition that made this state grew or backed off.
         margin: the headroom policy's margin, bits kept between the amax and float16's
             ceiling (the interval policy leaves this and the fields below as they are).
+        margin_at: the iteration of the margin's last change (0: none yet).
         anchor: the scale after the last measured iteration (0: none yet).
         grown_at: the iteration of the last growth (``NEVER``: none yet).
         amax: the amax of the last finite measured iteration (0: none yet).
@@ -98,6 +99,7 @@ class LossScaleState:
     float32: bool = True
     fired: bool = False
     margin: int = INITIAL_MARGIN
+    margin_at: int = 0
     anchor: float = 0.0
     grown_at: int = NEVER
     amax: float = 0.0
@@ -163,11 +165,12 @@ def adjust_headroom(
             scale = max(scale * decr_ratio ** (CALIBRATION_STRIDE - 1), min_scale)
         usable = not found and amax > 0
         learn = scale < anchor and iteration - grown_at <= incr_every_n_steps // 4
-                                  # an overflow soon after a growth: it was too greedy
-        quiet = usable and incr_count >= incr_every_n_steps
-                                  # a quiet stretch: try a bit closer to the ceiling
+                # a back-off soon after a growth: that growth was too greedy
+        quiet = usable and not learn and iteration - margin_at >= incr_every_n_steps
+                # the margin unchanged for a while: try a bit closer to the ceiling
         margin = clip(margin + learn - quiet, MIN_MARGIN, MAX_MARGIN)
-        if quiet: incr_count = 0
+        if learn or quiet: margin_at = iteration
+        if learn: grown_at = NEVER      # one bit per growth, however many overflows
         if usable:
             k = the largest k <= MAX_GROWTH_STEPS with
                 amax * incr_ratio ** k <= FLOAT16_MAX / 2 ** margin
@@ -177,8 +180,8 @@ def adjust_headroom(
         anchor = scale
 
     An overflow long after the last growth is a spike, not a sign that the margin is
-    too thin: the scale backs off, and climbs back at the next measurement the
-    headroom allows. ``fired`` says whether the scale grew or backed off. Products are
+    too thin: the scale backs off, climbs back at the next measurement the headroom
+    allows, and the margin's quiet stretch goes on. ``fired`` says whether the scale grew or backed off. Products are
     float32 (``incr_ratio ** k`` a float32 cumulative product, as ``growth_factors``
     gives), as on the device.
     """
@@ -189,18 +192,17 @@ def adjust_headroom(
     after = dataclasses.replace(held, policy=policy, iteration=iteration)
     if amax is None:
         return after
-    scale, margin, incr_count = after.scale, after.margin, after.incr_count
+    scale, margin = after.scale, after.margin
     backed_off = after.fired
     if backed_off and iteration <= CALIBRATION_ITERATIONS:
         stride = calibration_stride(policy.decr_ratio)
         scale = max(_product_of(after, scale, stride), _rounded(after, policy.min_scale))
     usable = not found and amax > 0
     learn = scale < state.anchor and iteration - state.grown_at <= policy.incr_every_n_steps // 4
-    quiet = usable and incr_count >= policy.incr_every_n_steps
+    quiet = usable and not learn and iteration - state.margin_at >= policy.incr_every_n_steps
     margin = min(max(margin + int(learn) - int(quiet), MIN_MARGIN), MAX_MARGIN)
-    if quiet:
-        incr_count = 0
-    grew, last_amax, grown_at = False, state.amax, state.grown_at
+    margin_at = iteration if learn or quiet else state.margin_at
+    grew, last_amax, grown_at = False, state.amax, NEVER if learn else state.grown_at
     if usable:
         factors = growth_factors(policy.incr_ratio)
         factor = float(factors[growth_steps(amax, margin, policy.incr_ratio)])
@@ -212,8 +214,8 @@ def adjust_headroom(
     return dataclasses.replace(
         after,
         scale=scale,
-        incr_count=incr_count,
         margin=margin,
+        margin_at=margin_at,
         anchor=scale,
         grown_at=grown_at,
         amax=last_amax,

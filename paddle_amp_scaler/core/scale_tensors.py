@@ -14,8 +14,8 @@ from .pickling import TensorsOnHost
 
 class ScaleTensors(TensorsOnHost):
     """The scale (float32 [1]), its two streak counters (int32 [1]) and the headroom
-    policy's memory (``margin`` and ``grown_at``, int32 [1]; ``anchor`` and ``amax``,
-    float32 [1]) on one place.
+    policy's memory (``margin``, ``margin_at`` and ``grown_at``, int32 [1]; ``anchor``
+    and ``amax``, float32 [1]) on one place.
 
     Updated in place by the unscale path's form of the rule; read by the getters,
     ``stats()`` and ``state_dict()`` only. ``scale`` is the tensor Paddle's trainers know
@@ -28,23 +28,28 @@ class ScaleTensors(TensorsOnHost):
         self.incr_count = paddle.to_tensor([0], dtype="int32", place=place)
         self.decr_count = paddle.to_tensor([0], dtype="int32", place=place)
         self.margin = paddle.to_tensor([initial.margin], dtype="int32", place=place)
+        self.margin_at = paddle.to_tensor([initial.margin_at], dtype="int32", place=place)
         self.anchor = paddle.to_tensor([initial.anchor], dtype="float32", place=place)
         self.grown_at = paddle.to_tensor([initial.grown_at], dtype="int32", place=place)
         self.amax = paddle.to_tensor([initial.amax], dtype="float32", place=place)
 
     def read(self, policy: rule.Policy, iteration: int = 0) -> rule.LossScaleState:
         """The numbers as a host state, after ``iteration`` iterations (one read)."""
-        tensors = (self.scale, self.incr_count, self.decr_count, self.margin, self.anchor)
+        tensors = (self.scale, self.incr_count, self.decr_count, self.margin, self.margin_at)
         numbers = paddle.concat(
-            [tensor.astype("float64") for tensor in (*tensors, self.grown_at, self.amax)]
+            [
+                tensor.astype("float64")
+                for tensor in (*tensors, self.anchor, self.grown_at, self.amax)
+            ]
         )
-        scale, incr, decr, margin, anchor, grown_at, amax = numbers.numpy().tolist()
+        scale, incr, decr, margin, margin_at, anchor, grown_at, amax = numbers.numpy().tolist()
         return rule.LossScaleState(
             scale,
             int(incr),
             int(decr),
             policy,
             margin=int(margin),
+            margin_at=int(margin_at),
             anchor=anchor,
             grown_at=int(grown_at),
             amax=amax,
@@ -57,6 +62,7 @@ class ScaleTensors(TensorsOnHost):
         self.incr_count.fill_(state.incr_count)
         self.decr_count.fill_(state.decr_count)
         self.margin.fill_(state.margin)
+        self.margin_at.fill_(state.margin_at)
         self.anchor.fill_(state.anchor)
         self.grown_at.fill_(state.grown_at)
         self.amax.fill_(state.amax)

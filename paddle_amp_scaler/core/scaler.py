@@ -112,7 +112,7 @@ class AmpScaler(Accessors, TensorsOnHost):
         policy: how the dynamic scale moves: ``"interval"`` (Paddle's rule) or
             ``"headroom"`` (measures the gradients' largest magnitude and keeps it a
             learned margin below float16's ceiling; ``incr_every_n_steps`` is then how
-            long a quiet stretch lasts before it tries one bit closer).
+            long the margin stands before it tries one bit closer).
         min_loss_scaling: the scale never falls below it (default 1.0; a value below
             1.0 is honoured too).
         max_loss_scaling: the scale never grows above it (default None: float32's

@@ -130,7 +130,7 @@ def parse_state_dict(state_dict: Mapping[str, Any]) -> SavedScaler:
 
 
 # The headroom policy's memory in a state dict (rule.LossScaleState's fields).
-HEADROOM_KEYS = ("margin", "anchor", "grown_at", "amax")
+HEADROOM_KEYS = ("margin", "margin_at", "anchor", "grown_at", "amax")
 _INT32_MAX = 2**31 - 1
 
 
@@ -152,8 +152,8 @@ def _headroom_in(state_dict: Mapping[str, Any]) -> dict[str, Any] | None:
     name = "state_dict['headroom']"
     if not isinstance(memory, Mapping) or set(memory) != set(HEADROOM_KEYS):
         raise ValueError(f"{name} must be a dict with the keys {sorted(HEADROOM_KEYS)}")
-    margin, grown_at = memory["margin"], memory["grown_at"]
-    for key, value in (("margin", margin), ("grown_at", grown_at)):
+    margin, margin_at, grown_at = memory["margin"], memory["margin_at"], memory["grown_at"]
+    for key, value in (("margin", margin), ("margin_at", margin_at), ("grown_at", grown_at)):
         if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
             raise ValueError(f"{name}[{key!r}] must be an int, got {value!r}")
     if not rule.MIN_MARGIN <= margin <= rule.MAX_MARGIN:
@@ -171,7 +171,12 @@ def _headroom_in(state_dict: Mapping[str, Any]) -> dict[str, Any] | None:
         ):
             raise ValueError(f"{name}[{key!r}] must be a finite number >= 0, got {value!r}")
         numbers[key] = float(value)
-    return {"margin": int(margin), "grown_at": int(grown_at), **numbers}
+    return {
+        "margin": int(margin),
+        "margin_at": int(margin_at),
+        "grown_at": int(grown_at),
+        **numbers,
+    }
 
 
 def _bounds_in(state_dict: Mapping[str, Any]) -> tuple[float, float | None] | None:
