@@ -181,9 +181,9 @@ def adjust_headroom(
 
     An overflow long after the last growth is a spike, not a sign that the margin is
     too thin: the scale backs off, climbs back at the next measurement the headroom
-    allows, and the margin's quiet stretch goes on. ``fired`` says whether the scale grew or backed off. Products are
-    float32 (``incr_ratio ** k`` a float32 cumulative product, as ``growth_factors``
-    gives), as on the device.
+    allows, and the margin's stretch goes on. ``fired`` says whether the scale grew or
+    backed off. Products are float32 (``incr_ratio ** k`` a float32 cumulative product,
+    as ``growth_factors`` gives), as on the device.
     """
     policy = state.policy
     never_growing = dataclasses.replace(policy, incr_every_n_steps=_INT32_MAX)
