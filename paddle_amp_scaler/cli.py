@@ -821,7 +821,8 @@ def _extra_lines(extra: Mapping[str, Any]) -> list[str]:
         return [_line("extra", "none")]
     if "entries" not in extra:
         return [_line("extra", _value_text(extra))]
-    lines = [_line("extra", f"{extra['type']} of {len(extra['entries'])} entries")]
+    count = len(extra["entries"])
+    lines = [_line("extra", f"{extra['type']} of {count} {'entry' if count == 1 else 'entries'}")]
     lines += [_line(f"  {key}", _value_text(entry)) for key, entry in extra["entries"].items()]
     return lines
 

@@ -24,6 +24,7 @@ optional library missing), is reported and left alone.
 
 from __future__ import annotations
 
+import difflib
 import glob
 import os
 import re
@@ -86,6 +87,15 @@ def untimed(output: str) -> str:
     return TIMING.sub("<time>/step", output)
 
 
+def difference(shown: str, output: str) -> str:
+    """The lines that differ, as a unified diff, so a failed check says where."""
+    return "\n".join(
+        difflib.unified_diff(
+            shown.splitlines(), output.splitlines(), "page", "fresh run", lineterm=""
+        )
+    )
+
+
 def paddle_version() -> str:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Paddle 3's import-time note about ccache
@@ -130,7 +140,10 @@ def refresh(page: str, check: bool) -> list[str]:
         else:
             differs = untimed(output) != untimed(shown)
         if check and differs:
-            problems.append(f"{name}: the output of `{command}` is not what the page shows")
+            problems.append(
+                f"{name}: the output of `{command}` is not what the page shows:\n"
+                + difference(shown, output)
+            )
         recorded = f"Paddle {version}{match['options']}"
         return f"<!-- output: {command} ({recorded}) -->\n```text\n{output}\n```"
 
