@@ -75,8 +75,13 @@ def run(
 
 
 def labels(output: str) -> list[str]:
-    """What starts each line, up to two spaces: the part of a report that is no value."""
-    return [re.split(r" {2,}", line.strip(), maxsplit=1)[0] for line in output.splitlines()]
+    """What starts each line, up to two spaces (or its first word, where the label fills
+    its column and one space parts it from the value): the part of a report that is no
+    value."""
+    return [
+        line.strip().split("  ", 1)[0] if "  " in line.strip() else line.strip().split(" ", 1)[0]
+        for line in output.splitlines()
+    ]
 
 
 # Timings (paddle.Model's progress bar prints "3ms/step") differ from run to run.
