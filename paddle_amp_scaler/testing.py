@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import functools
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -12,6 +13,8 @@ from typing import Any
 
 import numpy as np
 import paddle
+
+from .core.rule import FLOAT16_MAX
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 _PADDLE_DIR = os.path.dirname(os.path.abspath(paddle.__file__))
@@ -21,7 +24,7 @@ def emulate_fp16_grads(model: paddle.nn.Layer) -> list[Any]:
     """Round every parameter gradient of ``model`` through float16, as fp16 training would.
 
     Paddle's CPU build runs no float16 matmul, so a float32 model stands in for an fp16
-    one: each gradient is cast to float16 and back in a gradient hook. Values beyond
+    one: each gradient is rounded to float16 in a gradient hook. Values beyond
     float16's range (65504) become inf and tiny ones flush to zero, so overflow,
     skipped steps and back-off happen as they would on a GPU. Returns the hook handles
     (call ``.remove()`` on each to undo). Paddle runs these hooks in ``backward()``, not
@@ -37,7 +40,51 @@ def emulate_fp16_grads(model: paddle.nn.Layer) -> list[Any]:
 
 
 def _round_through_float16(grad: paddle.Tensor) -> paddle.Tensor:
-    return grad.astype(paddle.float16).astype(grad.dtype)
+    return _nearest_float16(grad)
+
+
+@functools.cache
+def _cast_rounds_to_nearest() -> bool:
+    """Whether Paddle's cast to float16 rounds to nearest, as float16 arithmetic and every
+    GPU cast do. Paddle 2.6's CPU cast truncates toward zero instead: an emulation built
+    on it would flush everything below 2**-24, not 2**-25, and bias every value down."""
+    below_a_half_ulp = paddle.to_tensor([1 + 0.75 * 2.0**-10], dtype=paddle.float32)
+    rounded = below_a_half_ulp.astype(paddle.float16).astype(paddle.float32)
+    return bool(rounded.numpy()[0] == 1 + 2.0**-10)
+
+
+def _nearest_float16(values: paddle.Tensor) -> paddle.Tensor:
+    """``values`` rounded to the nearest float16, ties to even, in their own dtype."""
+    if _cast_rounds_to_nearest():
+        return values.astype(paddle.float16).astype(values.dtype)
+    # Float16's rounding in float arithmetic: each magnitude is a whole number of its
+    # binade's float16 steps (powers of two, so the divisions are exact), rounded to
+    # nearest with ties to even. Paddle's float == allows a difference of 1e-8, many
+    # float16 steps down here, so the comparisons are inequalities, which are exact.
+    magnitude = values.abs()
+    exponent = paddle.clip(paddle.floor(paddle.log2(magnitude)), -14.0, 15.0)
+    step = paddle.pow(paddle.full_like(exponent, 2.0), exponent - 10.0)
+    steps = magnitude / step
+    whole = paddle.floor(steps)
+    part = steps - whole
+    odd = paddle.remainder(whole, paddle.full_like(whole, 2.0)) > 0.5
+    tie = paddle.logical_and(part >= 0.5, part <= 0.5)
+    up = paddle.logical_or(part > 0.5, paddle.logical_and(tie, odd))
+    nearest = (whole + up.astype(whole.dtype)) * step
+    nearest = paddle.where(nearest > FLOAT16_MAX, paddle.full_like(nearest, np.inf), nearest)
+    return paddle.sign(values) * nearest
+
+
+class _RoundedToFloat16(paddle.autograd.PyLayer):  # type: ignore[misc]
+    """Rounds to the nearest float16 in both passes, where Paddle's own cast does not."""
+
+    @staticmethod
+    def forward(ctx: Any, values: paddle.Tensor) -> paddle.Tensor:
+        return _nearest_float16(values)
+
+    @staticmethod
+    def backward(ctx: Any, grad: paddle.Tensor) -> paddle.Tensor:
+        return _nearest_float16(grad)
 
 
 # Where float32 magnitudes land in float16, rounding to nearest, ties to even: at most
@@ -214,9 +261,13 @@ def round_through_float16(
     round its inputs and its output. The backward of the two casts rounds the gradient
     through float16 too, as the cast operations of O1 do on a GPU: a gradient above
     65504 becomes inf and one at or below 2**-25 flushes to zero. With a ``census``, a
-    hook counts that gradient before it is rounded, under ``label``.
+    hook counts that gradient before it is rounded, under ``label``. (Paddle 2.6's CPU
+    cast truncates; there the rounding to nearest is done in float arithmetic.)
     """
-    rounded = tensor.astype(paddle.float16).astype(tensor.dtype)
+    if _cast_rounds_to_nearest():
+        rounded = tensor.astype(paddle.float16).astype(tensor.dtype)
+    else:
+        rounded = _RoundedToFloat16.apply(tensor)
     if census is not None and not rounded.stop_gradient:
         rounded.register_hook(census.hook(label))
     return rounded

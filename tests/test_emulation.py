@@ -6,6 +6,7 @@ import numpy as np
 import paddle
 import pytest
 
+from paddle_amp_scaler import testing
 from paddle_amp_scaler.testing import (
     CensusCounts,
     UnderflowCensus,
@@ -220,3 +221,32 @@ def test_a_linear_layer_without_bias_and_a_model_of_several():
 def test_round_linear_layers_wants_a_layer():
     with pytest.raises(TypeError, match="paddle.nn.Layer"):
         round_linear_layers(lambda x: x)
+
+
+def float16_rounding_values():
+    """Every boundary above, both signs, ties at every binade, and random magnitudes
+    from far below float16's floor to beyond its ceiling."""
+    generator = np.random.default_rng(0)
+    binades = 2.0 ** np.arange(-24, 16, dtype=np.float64)
+    ties = np.concatenate([binades * (1 + k * 2.0**-11) for k in (1, 3, 5, 2045, 2047)])
+    ties = ties[ties < 65536]
+    random = np.exp2(generator.uniform(-30, 17, 20000)) * generator.uniform(1, 2, 20000)
+    magnitudes = np.concatenate([[value for value, _ in KNOWN], ties, random, [0.0, np.inf]])
+    magnitudes = magnitudes.astype(F32)
+    return np.concatenate([magnitudes, -magnitudes, [np.nan]]).astype(F32)
+
+
+@pytest.mark.parametrize("cast", ["Paddle's cast", "float arithmetic"])
+def test_rounding_is_float16s_by_either_route_in_both_passes(cast, monkeypatch):
+    # Paddle 2.6's CPU cast truncates, so there the emulation rounds in float arithmetic;
+    # held to NumPy's float16 on every Paddle, that route too.
+    if cast == "float arithmetic":
+        monkeypatch.setattr(testing, "_cast_rounds_to_nearest", lambda: False)
+    elif not testing._cast_rounds_to_nearest():
+        pytest.skip("this Paddle's cast to float16 truncates on a CPU (Paddle 2.6)")
+    values = float16_rounding_values()
+    x = paddle.to_tensor(values, stop_gradient=False)
+    rounded = round_through_float16(x)
+    np.testing.assert_array_equal(rounded.numpy(), numpy_float16(values))
+    (rounded * paddle.to_tensor(values)).sum().backward()
+    np.testing.assert_array_equal(x.grad.numpy(), numpy_float16(values))
