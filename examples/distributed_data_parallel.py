@@ -74,9 +74,6 @@ def main():
     step = load_checkpoint(path, **parts)
     if rank == 0:
         print(f"every rank resumed from step {step} of {path}")
-    # Leave together: rank 0 serves the store every rank's communication started from,
-    # and a process that exits while another still talks to it can crash on the way out.
-    dist.barrier()
 
 
 def broadcast_path(path):

@@ -240,8 +240,6 @@ def main():
         fleet_run(rank, out, scenario.split("_")[1])
     else:
         raise SystemExit(f"unknown scenario {scenario!r}")
-    # Leave together, as examples/distributed_data_parallel.py does (why: there).
-    dist.barrier()
 
 
 if __name__ == "__main__":
