@@ -244,3 +244,8 @@ def main():
 
 if __name__ == "__main__":
     main()
+    # The results are written. Paddle 3.3's teardown at exit crashes now and then
+    # (SIGSEGV, SIGABRT), which would fail a run that did its work: leave without it.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
