@@ -185,7 +185,9 @@ def gather_facts() -> Facts:
     return Facts(
         package_file=os.path.dirname(os.path.abspath(checkpoint.__file__)),
         python=platform.python_version(),
-        python_executable=sys.executable,
+        # abspath, not realpath: "run/../venv/bin/python" reads as the venv's, which a
+        # resolved symlink (the base interpreter) would hide.
+        python_executable=os.path.abspath(sys.executable),
         numpy=np.__version__,
         paddle=paddle.__version__,
         paddle_commit=str(paddle.version.commit),
