@@ -33,14 +33,10 @@ def emulate_fp16_grads(model: paddle.nn.Layer) -> list[Any]:
     if not isinstance(model, paddle.nn.Layer):
         raise TypeError(f"model must be a paddle.nn.Layer, got {type(model).__name__}")
     return [
-        param.register_hook(_round_through_float16)
+        param.register_hook(_nearest_float16)
         for param in model.parameters()
         if not param.stop_gradient
     ]
-
-
-def _round_through_float16(grad: paddle.Tensor) -> paddle.Tensor:
-    return _nearest_float16(grad)
 
 
 @functools.cache

@@ -1,12 +1,14 @@
 """Shared test helpers: tiny models, overflow injection, host-read counting, Paddle's oracle."""
 
 import contextlib
+import hashlib
+import pickle
 import types
 
 import numpy as np
 import paddle
 
-from paddle_amp_scaler import kernels
+from paddle_amp_scaler import checkpoint, kernels
 
 
 def make_model(seed=0, hidden=16, depth=2):
@@ -154,3 +156,23 @@ def expected_reads(path, on_the_gpu_path):
     the path a GPU takes; none on a CPU's compiled path, whose unscale hands its verdict
     over with the flag."""
     return 0 if path == kernels.FUSED_CPU_PATH else on_the_gpu_path
+
+
+class WritesAMarker:
+    """Unpickled, it opens (creates) ``marker``: what a crafted file could do instead."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def write_payload(path, payload, body=None):
+    """A checkpoint file with a valid header and checksum around any ``payload`` (or
+    around a pickle ``body`` as it is)."""
+    body = pickle.dumps(payload, protocol=4) if body is None else body
+    header = checkpoint._HEADER.pack(
+        checkpoint._MAGIC, checkpoint.FORMAT_VERSION, len(body), hashlib.sha256(body).digest()
+    )
+    path.write_bytes(header + body)

@@ -2,7 +2,6 @@
 
 import collections
 import dataclasses
-import hashlib
 import math
 import os
 import pickle
@@ -29,7 +28,16 @@ from paddle_amp_scaler import (
 from paddle_amp_scaler import checkpoint as checkpoint_module
 from paddle_amp_scaler.checkpoint import rng_state_survives_pickling
 
-from helpers import GradInjector, batches, make_model, optimizer_state_of, params_of, train_step
+from helpers import (
+    GradInjector,
+    WritesAMarker,
+    batches,
+    make_model,
+    optimizer_state_of,
+    params_of,
+    train_step,
+    write_payload,
+)
 
 # Dropout repeats after a resume only where Paddle can save its generator's position.
 DROPOUT = 0.3 if rng_state_survives_pickling() else 0.0
@@ -282,29 +290,6 @@ def test_a_file_that_is_no_checkpoint_says_so_before_its_length(tmp_path, kind):
 
 
 # -- safe loading: a checkpoint builds only what save_checkpoint writes --------------------
-
-
-class WritesAMarker:
-    """Unpickled, it opens (creates) ``marker``: what a crafted file could do instead."""
-
-    def __init__(self, marker):
-        self.marker = str(marker)
-
-    def __reduce__(self):
-        return (open, (self.marker, "w"))
-
-
-def write_payload(path, payload, body=None):
-    """A checkpoint file with a valid header and checksum around any ``payload`` (or
-    around a pickle ``body`` as it is)."""
-    body = pickle.dumps(payload, protocol=4) if body is None else body
-    header = checkpoint_module._HEADER.pack(
-        checkpoint_module._MAGIC,
-        checkpoint_module.FORMAT_VERSION,
-        len(body),
-        hashlib.sha256(body).digest(),
-    )
-    path.write_bytes(header + body)
 
 
 def payload_of(path):

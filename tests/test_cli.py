@@ -3,12 +3,10 @@ subprocess, from a folder outside the checkout), and doctor's GPU verdicts from 
 written by hand, since no test machine has every GPU."""
 
 import dataclasses
-import hashlib
 import importlib
 import json
 import math
 import os
-import pickle
 import platform
 import subprocess
 import sys
@@ -20,11 +18,10 @@ import pytest
 
 import paddle_amp_scaler
 from paddle_amp_scaler import GradScaler, save_checkpoint
-from paddle_amp_scaler import checkpoint as checkpoint_module
 from paddle_amp_scaler.checkpoint import rng_state_survives_pickling
 from paddle_amp_scaler.core import fused_cpu, unscale_paths
 
-from helpers import GradInjector, batches, make_model
+from helpers import GradInjector, WritesAMarker, batches, make_model, write_payload
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -318,28 +315,6 @@ def test_a_failed_helper_is_a_note_with_its_log(cli):
 
 
 # -- inspect ---------------------------------------------------------------------------------
-
-
-class WritesAMarker:
-    """Unpickled, it opens (creates) ``marker``: what a crafted file could do instead."""
-
-    def __init__(self, marker):
-        self.marker = str(marker)
-
-    def __reduce__(self):
-        return (open, (self.marker, "w"))
-
-
-def write_payload(path, payload):
-    """A checkpoint file with a valid header and checksum around any ``payload``."""
-    body = pickle.dumps(payload, protocol=4)
-    header = checkpoint_module._HEADER.pack(
-        checkpoint_module._MAGIC,
-        checkpoint_module.FORMAT_VERSION,
-        len(body),
-        hashlib.sha256(body).digest(),
-    )
-    path.write_bytes(header + body)
 
 
 def save_quietly(path, **objects):

@@ -78,10 +78,7 @@ def labels(output: str) -> list[str]:
     """What starts each line, up to two spaces (or its first word, where the label fills
     its column and one space parts it from the value): the part of a report that is no
     value."""
-    return [
-        line.strip().split("  ", 1)[0] if "  " in line.strip() else line.strip().split(" ", 1)[0]
-        for line in output.splitlines()
-    ]
+    return [re.match(r"(.*?) {2,}|\S*", line.strip())[0].rstrip() for line in output.splitlines()]
 
 
 # Timings (paddle.Model's progress bar prints "3ms/step") differ from run to run.

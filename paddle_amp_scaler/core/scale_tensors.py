@@ -35,13 +35,17 @@ class ScaleTensors(TensorsOnHost):
 
     def read(self, policy: rule.Policy, iteration: int = 0) -> rule.LossScaleState:
         """The numbers as a host state, after ``iteration`` iterations (one read)."""
-        tensors = (self.scale, self.incr_count, self.decr_count, self.margin, self.margin_at)
-        numbers = paddle.concat(
-            [
-                tensor.astype("float64")
-                for tensor in (*tensors, self.anchor, self.grown_at, self.amax)
-            ]
+        tensors = (
+            self.scale,
+            self.incr_count,
+            self.decr_count,
+            self.margin,
+            self.margin_at,
+            self.anchor,
+            self.grown_at,
+            self.amax,
         )
+        numbers = paddle.concat([tensor.astype("float64") for tensor in tensors])
         scale, incr, decr, margin, margin_at, anchor, grown_at, amax = numbers.numpy().tolist()
         return rule.LossScaleState(
             scale,
