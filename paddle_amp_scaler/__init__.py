@@ -5,7 +5,6 @@ Paddle runs (CPU included), keep the scale and counters on the device, and skip 
 with inf/nan gradients without changing any parameter or optimizer state.
 """
 
-import sys
 import warnings
 
 try:
@@ -21,7 +20,6 @@ except ImportError as error:  # pragma: no cover - depends on the environment
         "(the GPU build; see paddlepaddle.org.cn for the one that fits your CUDA)"
     ) from error
 
-from . import _moved
 from ._version import __version__
 from .autocast import amp_guard, auto_cast, custom_bwd, custom_fwd, decorate
 from .checkpoint import CheckpointError, load_checkpoint, read_checkpoint, save_checkpoint
@@ -32,8 +30,6 @@ from .core.statistics import ScalerStats
 from .core.stuck import LossScaleStuckError
 from .core.validation import UnknownArgumentError
 from .install import install, uninstall
-
-_moved.register(sys.modules[__name__])
 
 __all__ = [
     "__version__",

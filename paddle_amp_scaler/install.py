@@ -18,6 +18,7 @@ then import the trainer.
 
 from __future__ import annotations
 
+import inspect
 import logging
 from types import ModuleType
 from typing import Any
@@ -59,14 +60,30 @@ def _with_defaults(cls: type[scaler.AmpScaler], defaults: dict[str, Any]) -> typ
         cls(enable=False, **defaults)
     except (TypeError, ValueError) as error:
         raise ValueError(f"install(): {error}") from None
+    signature = inspect.signature(cls.__init__)
+    names = list(signature.parameters)[1:]  # after self
+
+    def __init__(self: scaler.AmpScaler, *args: Any, **kwargs: Any) -> None:
+        given = set(names[: len(args)]) | set(kwargs)
+        unless_given = {name: value for name, value in defaults.items() if name not in given}
+        cls.__init__(self, *args, **{**unless_given, **kwargs})
+
+    # help() and inspect show the defaults the trainers' scalers get.
+    __init__.__signature__ = signature.replace(  # type: ignore[attr-defined]
+        parameters=[
+            parameter.replace(default=defaults.get(name, parameter.default))
+            for name, parameter in signature.parameters.items()
+        ]
+    )
     namespace = {
         "__module__": cls.__module__,
         "__doc__": cls.__doc__,
+        "__init__": __init__,
         # Pickled as the package's own class, which an unpickling process can import:
         # the defaults served the constructor and nothing after it.
         "__reduce_ex__": lambda self, protocol: (_rebuilt, (cls, self.__getstate__())),
     }
-    return validation.with_defaults(**defaults)(type(cls.__name__, (cls,), namespace))
+    return type(cls.__name__, (cls,), namespace)
 
 
 def uninstall() -> None:

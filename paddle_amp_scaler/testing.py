@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import paddle
 
-from .core.rule import FLOAT16_MAX
+from .core.limits import FLOAT16_MAX
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 _PADDLE_DIR = os.path.dirname(os.path.abspath(paddle.__file__))

@@ -8,7 +8,7 @@ import types
 import numpy as np
 import paddle
 
-from paddle_amp_scaler import checkpoint, kernels
+from paddle_amp_scaler import checkpoint
 
 
 def make_model(seed=0, hidden=16, depth=2):
@@ -149,13 +149,6 @@ def oracle_skipped(oracle):
     if hasattr(oracle, "_cache_founf_inf"):
         return bool(oracle._cache_founf_inf)
     return bool(oracle._cache_found_inf)
-
-
-def expected_reads(path, on_the_gpu_path):
-    """Host reads per step on unscale ``path``: ``on_the_gpu_path`` on Paddle's kernels,
-    the path a GPU takes; none on a CPU's compiled path, whose unscale hands its verdict
-    over with the flag."""
-    return 0 if path == kernels.FUSED_CPU_PATH else on_the_gpu_path
 
 
 class WritesAMarker:

@@ -1,14 +1,16 @@
-"""The tests' reference for the update rule: ``paddle_amp_scaler.core.rule.adjust`` itself,
-the rule's specification (test_rule.py holds it to worked examples and to the
-pseudo-code), with a count of how often it fired, for the statistics."""
+"""The tests' reference for the update rule: ``IntervalRule.adjust`` itself, the rule's
+specification (test_rule.py holds it to worked examples and to the pseudo-code), with a
+count of how often it acted, for the statistics."""
 
 from __future__ import annotations
 
-from paddle_amp_scaler.core import rule
+import numpy as np
+
+from paddle_amp_scaler.core.interval import IntervalRule, Memory
 
 
 class ReferenceScaler:
-    """A scaler's scale and counters as ``rule.adjust`` moves them, in float32."""
+    """A scaler's scale and counters as ``IntervalRule.adjust`` moves them, in float32."""
 
     def __init__(
         self,
@@ -21,7 +23,7 @@ class ReferenceScaler:
         min_scale: float = 1.0,
         max_scale: float | None = None,
     ):
-        policy = rule.Policy(
+        self.rule = IntervalRule(
             incr_ratio,
             decr_ratio,
             incr_every_n_steps,
@@ -29,9 +31,9 @@ class ReferenceScaler:
             min_scale,
             max_scale,
         )
-        self.state = rule.LossScaleState(scale, policy=policy)
+        self.memory = Memory(np.float32(scale))
         self.dynamic = dynamic
-        # How often the rule fired: a growth refused at float32's limit, or a back-off held
+        # How often the rule acted: a growth refused at float32's limit, or a back-off held
         # at the floor, still counts.
         self.growths = 0
         self.backoffs = 0
@@ -39,8 +41,8 @@ class ReferenceScaler:
     def update(self, found_inf: bool) -> None:
         if not self.dynamic:
             return
-        self.state = rule.adjust(self.state, found_inf)
-        if self.state.fired:
+        self.memory, acted = self.rule.adjust(self.memory, found_inf)
+        if acted:
             if found_inf:
                 self.backoffs += 1
             else:
@@ -48,15 +50,15 @@ class ReferenceScaler:
 
     @property
     def scale(self) -> float:
-        return self.state.scale
+        return float(self.memory.scale)
 
     @property
     def incr_count(self) -> int:
-        return self.state.incr_count
+        return self.memory.incr_count
 
     @property
     def decr_count(self) -> int:
-        return self.state.decr_count
+        return self.memory.decr_count
 
     def snapshot(self):
         return self.scale, self.incr_count, self.decr_count

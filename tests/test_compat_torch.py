@@ -16,7 +16,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from paddle_amp_scaler import GradScaler as PaddleStyleGradScaler
-from paddle_amp_scaler import kernels
 from paddle_amp_scaler.compat.torch import GradScaler
 from paddle_amp_scaler.testing import HostReadCounter
 
@@ -24,7 +23,6 @@ from helpers import (
     GradInjector,
     assert_arrays_equal,
     batches,
-    expected_reads,
     loss_of,
     make_model,
     optimizer_state_of,
@@ -284,14 +282,12 @@ def test_update_with_new_scale_still_counts_the_iteration():
 # -- reads, return values, disabled -------------------------------------------------------
 
 
-@pytest.mark.parametrize("path", kernels.unscale_paths())
 @pytest.mark.parametrize(("make_optimizer", "paddle_reads"), [(sgd, 0), (adam, 1)])
-def test_host_reads_are_the_core_figures(make_optimizer, paddle_reads, path):
+def test_host_reads_are_the_core_figures(make_optimizer, paddle_reads):
     model = make_model()
     optimizer = make_optimizer(model)
     injector = GradInjector(model[0].weight)
-    with kernels.using_unscale_path(path):  # a scaler keeps the path it was built on
-        scaler = a_scaler()
+    scaler = a_scaler()
     counter = HostReadCounter()
     for step, batch in enumerate(batches(steps=3)):
         loss = loss_of(model, batch)
@@ -302,7 +298,7 @@ def test_host_reads_are_the_core_figures(make_optimizer, paddle_reads, path):
             scaler.update()
             optimizer.clear_grad()
     assert counter.reads["scaler"] == 0, counter.where
-    assert counter.total() == 3 * expected_reads(path, paddle_reads), counter.where
+    assert counter.total() == 3 * paddle_reads, counter.where
 
 
 class HandMadeSGD:
@@ -341,15 +337,13 @@ class ReportingAdam(paddle.optimizer.Adam):
         return "stepped"
 
 
-@pytest.mark.parametrize("path", kernels.unscale_paths())
-def test_a_flag_taking_optimizer_that_returns_a_value_gives_none_when_skipped(path):
-    # On Paddle's kernels (a GPU's path) such an optimizer is called even when it skips;
+def test_a_flag_taking_optimizer_that_returns_a_value_gives_none_when_skipped():
+    # Such an optimizer is called even when it skips (it reads the flag itself);
     # PyTorch's step() returns None for a skipped step all the same.
     model = make_model()
     optimizer = ReportingAdam(learning_rate=0.01, parameters=model.parameters())
     injector = GradInjector(model[0].weight)
-    with kernels.using_unscale_path(path):
-        scaler = a_scaler()
+    scaler = a_scaler()
     results = []
     for step, batch in enumerate(batches(steps=3)):
         with injector.inject(math.inf if step == 1 else None):

@@ -1,4 +1,4 @@
-"""The headroom policy in the scaler: what a user sees of it, on both unscale paths.
+"""The headroom policy in the scaler: what a user sees of it.
 
 The rule itself is held to its pure specification in test_rule.py; here, that the
 scaler feeds it the right amax, skips exactly, reports the headroom, saves and loads its
@@ -11,10 +11,9 @@ import numpy as np
 import paddle
 import pytest
 
-import paddle_amp_scaler
 from paddle_amp_scaler import AmpScaler, GradScaler, install, uninstall
 from paddle_amp_scaler.compat.torch import GradScaler as TorchGradScaler
-from paddle_amp_scaler.core import rule
+from paddle_amp_scaler.core import headroom
 from paddle_amp_scaler.integrations import log_stats
 
 from helpers import (
@@ -26,13 +25,6 @@ from helpers import (
     params_of,
     train_step,
 )
-
-PATHS = paddle_amp_scaler.kernels.unscale_paths()
-
-
-def built_on(path, **options):
-    with paddle_amp_scaler.kernels.using_unscale_path(path):
-        return GradScaler(**options)
 
 
 @pytest.mark.parametrize("value", ["Headroom", "", None, 2, "adaptive"])
@@ -56,13 +48,12 @@ class Recorder:
         return grad
 
 
-@pytest.mark.parametrize("path", PATHS)
-def test_the_headroom_reported_is_that_of_the_gradients_measured(path):
+def test_the_headroom_reported_is_that_of_the_gradients_measured():
     model = make_model()
     optimizer = paddle.optimizer.Adam(learning_rate=1e-3, parameters=model.parameters())
-    scaler = built_on(path, policy="headroom", init_loss_scaling=2.0**6)
+    scaler = GradScaler(policy="headroom", init_loss_scaling=2.0**6)
     recorder = Recorder(model)
-    for batch in batches(steps=3):  # the first iterations are measured on either path
+    for batch in batches(steps=3):  # the first iterations are measured
         recorder.largest = 0.0
         train_step(scaler, model, optimizer, batch)
         bits = scaler.stats().headroom_bits
@@ -71,30 +62,28 @@ def test_the_headroom_reported_is_that_of_the_gradients_measured(path):
     assert GradScaler().stats().headroom_bits is None
 
 
-@pytest.mark.parametrize("path", PATHS)
-def test_headroom_grows_at_once_where_the_interval_rule_waits(path):
+def test_headroom_grows_at_once_where_the_interval_rule_waits():
     model = make_model()
     optimizer = paddle.optimizer.SGD(learning_rate=1e-3, parameters=model.parameters())
-    scaler = built_on(path, policy="headroom", init_loss_scaling=2.0)
+    scaler = GradScaler(policy="headroom", init_loss_scaling=2.0)
     recorder = Recorder(model)
     train_step(scaler, model, optimizer, batches(steps=1)[0])
     grown = scaler.get_loss_scaling()
     # Up to the margin below float16's ceiling, in powers of two, in one iteration.
-    headroom = math.log2(65504.0 / recorder.largest)
-    expected_steps = math.floor(headroom - rule.INITIAL_MARGIN)
+    bits = math.log2(65504.0 / recorder.largest)
+    expected_steps = math.floor(bits - headroom.INITIAL_MARGIN)
     assert grown == 2.0 * 2.0**expected_steps
     assert scaler.stats().growths == 1
 
 
-@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("name", ["sgd", "adamw"])
-def test_skipped_steps_leave_parameters_and_accumulators_bit_identical(path, name):
+def test_skipped_steps_leave_parameters_and_accumulators_bit_identical(name):
     from test_training_equivalence import OPTIMIZERS
 
     model = make_model()
     optimizer = OPTIMIZERS[name](model.parameters())
     injector = GradInjector(model[0].weight)
-    scaler = built_on(path, policy="headroom", init_loss_scaling=2.0**4)
+    scaler = GradScaler(policy="headroom", init_loss_scaling=2.0**4)
     for step, batch in enumerate(batches(steps=6)):
         before = params_of(model), optimizer_state_of(optimizer, model.parameters())
         inject = math.inf if step in (2, 4) else None
@@ -109,8 +98,7 @@ def test_skipped_steps_leave_parameters_and_accumulators_bit_identical(path, nam
     assert scaler.stats().skipped == 2
 
 
-@pytest.mark.parametrize("path", PATHS)
-def test_a_state_dict_resumes_the_policy_and_its_memory_exactly(path):
+def test_a_state_dict_resumes_the_policy_and_its_memory_exactly():
     def run(scaler, steps, model, optimizer, injector):
         data = batches(steps=12)
         for step in steps:
@@ -123,11 +111,11 @@ def test_a_state_dict_resumes_the_policy_and_its_memory_exactly(path):
         return model, optimizer, GradInjector(model[0].weight)
 
     model, optimizer, injector = fresh()
-    straight = built_on(path, policy="headroom", incr_every_n_steps=4)
+    straight = GradScaler(policy="headroom", incr_every_n_steps=4)
     run(straight, range(12), model, optimizer, injector)
 
     model, optimizer, injector = fresh()
-    first = built_on(path, policy="headroom", incr_every_n_steps=4)
+    first = GradScaler(policy="headroom", incr_every_n_steps=4)
     run(first, range(6), model, optimizer, injector)
     saved = first.state_dict()
     assert saved["policy"] == "headroom" and set(saved["headroom"]) == {
@@ -137,7 +125,7 @@ def test_a_state_dict_resumes_the_policy_and_its_memory_exactly(path):
         "grown_at",
         "amax",
     }
-    resumed = built_on(path, incr_every_n_steps=4)  # the interval rule: the dict says headroom
+    resumed = GradScaler(incr_every_n_steps=4)  # the interval rule: the dict says headroom
     resumed.load_state_dict(saved)
     run(resumed, range(6, 12), model, optimizer, injector)
     a, b = resumed.state_dict(), straight.state_dict()
@@ -162,10 +150,10 @@ def test_paddles_and_pytorchs_dicts_load_into_the_policys_defaults():
     saved = scaler.state_dict()
     assert saved["policy"] == "headroom"
     assert saved["headroom"] == {
-        "margin": rule.INITIAL_MARGIN,
+        "margin": headroom.INITIAL_MARGIN,
         "margin_at": 0,
         "anchor": 0.0,
-        "grown_at": rule.NEVER,
+        "grown_at": headroom.NEVER,
         "amax": 0.0,
     }
     torch_face = TorchGradScaler("cpu", policy="headroom")

@@ -9,17 +9,8 @@ import numpy as np
 import paddle
 import pytest
 
-from paddle_amp_scaler import AmpScaler, GradScaler, OverflowEntry, kernels
+from paddle_amp_scaler import AmpScaler, GradScaler, OverflowEntry
 from paddle_amp_scaler.testing import HostReadCounter
-
-# The compiled CPU op counts in its unscale pass; Paddle's path (a GPU's) with its ops.
-PATHS = kernels.unscale_paths()
-
-
-@pytest.fixture(params=PATHS)
-def path(request):
-    with kernels.using_unscale_path(request.param):
-        yield request.param
 
 
 def model_of_seven():
@@ -59,7 +50,6 @@ def setup(kind=GradScaler, **options):
     return kind(init_loss_scaling=1024.0, report_overflows=True, **options), model, optimizer
 
 
-@pytest.mark.usefixtures("path")
 @pytest.mark.parametrize("kind", [GradScaler, AmpScaler])
 def test_the_report_names_exactly_the_poisoned_gradients(kind):
     scaler, model, optimizer = setup(kind)
@@ -86,7 +76,6 @@ def test_the_report_names_exactly_the_poisoned_gradients(kind):
     assert scaler.overflow_report(model) == [OverflowEntry("3.weight", (2,), "float32", 0, 1, 4)]
 
 
-@pytest.mark.usefixtures("path")
 def test_counts_match_numpy_across_dtype_groups_and_optimizers():
     """Two optimizers, float32 and float64 gradients interleaved, tens of thousands of
     elements with inf, -inf, nan and -nan scattered at random: the counts are NumPy's."""
@@ -135,7 +124,6 @@ def test_each_skipped_iteration_is_logged_with_up_to_five_names(caplog):
     assert message.count("(1 inf, 0 nan)") == 5 and message.endswith("and 3 more")
 
 
-@pytest.mark.usefixtures("path")
 def test_given_the_model_the_log_line_and_the_report_say_the_same_names(caplog):
     model = model_of_seven()
     optimizer = paddle.optimizer.SGD(learning_rate=0.1, parameters=model.parameters())
@@ -161,7 +149,6 @@ def test_report_overflows_takes_a_bool_or_a_model_and_names_what_it_got():
     assert GradScaler(report_overflows=np.bool_(True))._overflows is not None
 
 
-@pytest.mark.usefixtures("path")
 def test_one_read_per_iteration_with_the_report_and_none_without():
     for report, reads in ((True, 3), (False, 0)):
         model = model_of_seven()

@@ -12,7 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from paddle_amp_scaler import GradScaler, kernels, statistics
+from paddle_amp_scaler import GradScaler
+from paddle_amp_scaler.core import statistics
 
 from helpers import GradInjector, batches, make_model, params_of, train_step
 
@@ -204,9 +205,8 @@ def test_overflow_storm_long():
 
 
 def soak(iterations, kept=0):
-    """``kept``: how many tensors the scaler may hold beyond its own at any moment (off
-    the compiled path, the flags of up to 128 iterations whose statistics wait for a
-    fold)."""
+    """``kept``: how many tensors the scaler may hold beyond its own at any moment (the
+    flags of up to 128 iterations whose statistics wait for a fold)."""
     model = paddle.nn.Linear(2, 1)
     optimizer = paddle.optimizer.SGD(learning_rate=1e-6, parameters=model.parameters())
     scaler = GradScaler(init_loss_scaling=2.0**8, incr_every_n_steps=50)
@@ -229,14 +229,9 @@ def soak(iterations, kept=0):
 
 
 def test_soak():
-    soak(3000)
-
-
-def test_soak_off_the_compiled_path_keeps_its_memory_bounded():
-    with kernels.using_unscale_path(kernels.PADDLE_PATH):
-        soak(3000, kept=statistics._FOLD_EVERY)
+    soak(3000, kept=statistics._FOLD_EVERY)
 
 
 @pytest.mark.long
 def test_soak_100k_updates():
-    soak(100_000)
+    soak(100_000, kept=statistics._FOLD_EVERY)

@@ -53,8 +53,8 @@ def test_modules_outside_the_core_use_only_the_seam(path):
 
 
 def test_the_check_finds_a_planted_access():
-    planted = "def show(scaler):\n    return scaler._policy.incr_ratio, scaler._scale\n"
-    assert reaches_past_the_seam(planted) == [(2, "_policy")]
+    planted = "def show(scaler):\n    return scaler._rule.incr_ratio, scaler._scale\n"
+    assert reaches_past_the_seam(planted) == [(2, "_rule")]
 
 
 def test_the_modules_checked_include_every_face_and_helper():
@@ -88,10 +88,31 @@ def test_both_scalers_share_one_constructor_with_their_own_defaults():
     for name in amp.parameters:
         assert amp.parameters[name].kind == grad.parameters[name].kind
         assert amp.parameters[name].annotation == grad.parameters[name].annotation
-    # One body: GradScaler's constructor runs AmpScaler's code, not a forwarding copy.
-    assert (
-        inspect.unwrap(GradScaler.__init__).__code__ is inspect.unwrap(AmpScaler.__init__).__code__
+    # GradScaler writes its signature out and forwards every argument: built with a value
+    # other than the default for each, both scalers end up alike.
+    arguments = dict(
+        enable=True,
+        init_loss_scaling=64.0,
+        incr_ratio=3.0,
+        decr_ratio=0.25,
+        incr_every_n_steps=7,
+        decr_every_n_nan_or_inf=2,
+        use_dynamic_loss_scaling=False,
+        policy="headroom",
+        min_loss_scaling=2.0,
+        max_loss_scaling=2.0**20,
+        place="cpu",
+        stuck_after=5,
+        on_stuck="raise",
+        report_overflows=True,
+        group=None,  # a group needs a distributed run
+        sync_found_inf=False,
     )
+    assert set(arguments) == set(amp.parameters)
+    built = [kind(**arguments) for kind in (AmpScaler, GradScaler)]
+    assert repr(built[0]).replace("AmpScaler", "GradScaler") == repr(built[1])
+    saved = [scaler.state_dict() for scaler in built]
+    assert saved[0].pop("scale") == saved[1].pop("scale") and saved[0] == saved[1]
     # And it is what GradScaler() does with no arguments.
     scaler = GradScaler()
     assert (scaler.get_loss_scaling(), scaler.get_incr_every_n_steps()) == (2.0**16, 2000)

@@ -19,7 +19,6 @@ from paddle_amp_scaler import (
     GradScaler,
     LossScaleStuckError,
     ScalerStats,
-    kernels,
     load_checkpoint,
     save_checkpoint,
 )
@@ -27,31 +26,44 @@ from paddle_amp_scaler.testing import HostReadCounter
 
 from reference_rule import ReferenceScaler
 
+# Where the verdict of an iteration is known: plain SGD is skipped by zeroing its
+# gradients on the device, so the scaler knows it there only; Momentum reads its flag, and
+# leaves it on the host; "both" takes turns, iteration by iteration.
+VERDICTS = ("device", "host", "both")
+
+
+def optimizer_for(verdict, param):
+    if verdict == "device":
+        return paddle.optimizer.SGD(learning_rate=0.1, parameters=[param])
+    return paddle.optimizer.Momentum(learning_rate=0.1, momentum=0.0, parameters=[param])
+
 
 class Run:
     """A one-parameter model whose gradient each iteration sets directly: fast enough
     for the hundreds of iterations the stuck policy needs."""
 
-    def __init__(self, scaler, optimizers=1):
+    def __init__(self, scaler, optimizers=1, verdicts="device"):
         self.scaler = scaler
         self.params = [paddle.create_parameter([4], "float32") for _ in range(optimizers)]
-        self.optimizers = [
-            paddle.optimizer.SGD(learning_rate=0.1, parameters=[param]) for param in self.params
-        ]
+        kinds = ("device", "host") if verdicts == "both" else (verdicts,)
+        self.turns = [[optimizer_for(kind, param) for param in self.params] for kind in kinds]
+        self.iterations = 0
 
     def iteration(self, overflow, which=0):
         """One iteration; ``overflow`` writes inf into optimizer ``which``'s gradient."""
         for index, param in enumerate(self.params):
             bad = overflow and index == which
             param.grad = paddle.full([4], math.inf if bad else 1.0)
+        optimizers = self.turns[self.iterations % len(self.turns)]
+        self.iterations += 1
         if isinstance(self.scaler, GradScaler):
-            for optimizer in self.optimizers:
+            for optimizer in optimizers:
                 self.scaler.step(optimizer)
             self.scaler.update()
         else:
             # Paddle asserts a Tensor loss; the gradients are already in place.
-            self.scaler.minimize(self.optimizers[0], paddle.zeros([1]))
-        for optimizer in self.optimizers:
+            self.scaler.minimize(optimizers[0], paddle.zeros([1]))
+        for optimizer in optimizers:
             optimizer.clear_grad()
 
 
@@ -93,44 +105,41 @@ def scaler_for(rule, kind=GradScaler, **options):
     incr=st.integers(1, 3),
     decr=st.integers(1, 3),
     dynamic=st.booleans(),
-    path=st.sampled_from(kernels.unscale_paths()),
+    verdicts=st.sampled_from(VERDICTS),
 )
-def test_stats_follow_the_run(overflows, incr, decr, dynamic, path):
+def test_stats_follow_the_run(overflows, incr, decr, dynamic, verdicts):
     # From 2.0 the floor is reached, and back-offs held there count.
     rule = dict(scale=2.0, incr_every_n_steps=incr, decr_every_n_nan_or_inf=decr, dynamic=dynamic)
-    with kernels.using_unscale_path(path):
-        run = Run(scaler_for(rule))
-        for overflow in overflows:
-            run.iteration(overflow)
-        assert run.scaler.stats() == expected_stats(overflows, **rule)
+    run = Run(scaler_for(rule), verdicts=verdicts)
+    for overflow in overflows:
+        run.iteration(overflow)
+    assert run.scaler.stats() == expected_stats(overflows, **rule)
 
 
+@pytest.mark.parametrize("verdicts", VERDICTS)
 @pytest.mark.parametrize("dynamic", [True, False])
-@pytest.mark.parametrize("path", kernels.unscale_paths())
-def test_long_runs_count_across_folds(path, dynamic):
-    # Off the compiled path iterations are counted in folds of up to 128: reads fall
-    # inside, at and across fold boundaries.
+def test_long_runs_count_across_folds(dynamic, verdicts):
+    # Iterations are counted in folds of up to 128: reads fall inside, at and across fold
+    # boundaries.
     overflows = [(index * 7919) % 10 < 3 for index in range(300)]
     rule = dict(scale=2.0**6, incr_every_n_steps=3, decr_every_n_nan_or_inf=2, dynamic=dynamic)
-    with kernels.using_unscale_path(path):
-        run = Run(scaler_for(rule))
-        for index, overflow in enumerate(overflows):
-            run.iteration(overflow)
-            if index + 1 in (1, 127, 128, 129, 256, 270):
-                assert run.scaler.stats() == expected_stats(overflows[: index + 1], **rule), index
-        assert run.scaler.stats() == expected_stats(overflows, **rule)
+    run = Run(scaler_for(rule), verdicts=verdicts)
+    for index, overflow in enumerate(overflows):
+        run.iteration(overflow)
+        if index + 1 in (1, 127, 128, 129, 256, 270):
+            assert run.scaler.stats() == expected_stats(overflows[: index + 1], **rule), index
+    assert run.scaler.stats() == expected_stats(overflows, **rule)
 
 
-@pytest.mark.parametrize("path", kernels.unscale_paths())
 @pytest.mark.parametrize("kind", [GradScaler, AmpScaler])
-def test_two_optimizers_count_one_iteration(kind, path):
+@pytest.mark.parametrize("verdicts", VERDICTS)
+def test_two_optimizers_count_one_iteration(kind, verdicts):
     overflows = [False, True, True, False, False, True, False, False, False]
     optimizers = 2 if kind is GradScaler else 1
-    with kernels.using_unscale_path(path):
-        run = Run(scaler_for(RULE, kind), optimizers=optimizers)
-        for step, overflow in enumerate(overflows):
-            run.iteration(overflow, which=step % optimizers)
-        assert run.scaler.stats() == expected_stats(overflows, **RULE)
+    run = Run(scaler_for(RULE, kind), optimizers=optimizers, verdicts=verdicts)
+    for step, overflow in enumerate(overflows):
+        run.iteration(overflow, which=step % optimizers)
+    assert run.scaler.stats() == expected_stats(overflows, **RULE)
 
 
 def test_last_step_skipped():
@@ -184,9 +193,9 @@ def test_a_checkpoint_resumes_the_counts(tmp_path):
         first.iteration(overflow)
     path = tmp_path / "run.ckpt"
     model = paddle.nn.Linear(2, 2)
-    save_checkpoint(path, model=model, optimizer=first.optimizers[0], scaler=first.scaler, step=6)
+    save_checkpoint(path, model=model, optimizer=first.turns[0][0], scaler=first.scaler, step=6)
     resumed = Run(GradScaler())
-    load_checkpoint(path, model=model, optimizer=resumed.optimizers[0], scaler=resumed.scaler)
+    load_checkpoint(path, model=model, optimizer=resumed.turns[0][0], scaler=resumed.scaler)
     for overflow in OVERFLOWS[6:]:
         resumed.iteration(overflow)
     assert resumed.scaler.stats() == expected_stats(OVERFLOWS, **RULE)
@@ -320,35 +329,31 @@ def test_bad_policy_arguments(options, error, match):
         GradScaler(**options)
 
 
-# -- off the compiled path iterations are counted later, in folds: what may come between --
+# -- iterations are counted later, in folds: what may come between --
 
 
-@pytest.mark.parametrize("path", kernels.unscale_paths())
-def test_a_setter_between_iterations_does_not_change_the_last_count(path):
+def test_a_setter_between_iterations_does_not_change_the_last_count():
     # Growth at the third finite step resets incr_count to 0; setting it to 2 before
     # the count must not make that iteration look as if the rule had not fired.
-    with kernels.using_unscale_path(path):
-        run = Run(scaler_for(dict(scale=8.0, incr_every_n_steps=3, decr_every_n_nan_or_inf=1)))
-        for _ in range(3):
-            run.iteration(False)
-        run.scaler.set_incr_count(2)
-        run.scaler.set_decr_every_n_nan_or_inf(2)
-        assert run.scaler.stats().growths == 1
-        run.iteration(False)  # 2 + 1 reaches the period again
-        assert run.scaler.stats().growths == 2
+    run = Run(scaler_for(dict(scale=8.0, incr_every_n_steps=3, decr_every_n_nan_or_inf=1)))
+    for _ in range(3):
+        run.iteration(False)
+    run.scaler.set_incr_count(2)
+    run.scaler.set_decr_every_n_nan_or_inf(2)
+    assert run.scaler.stats().growths == 1
+    run.iteration(False)  # 2 + 1 reaches the period again
+    assert run.scaler.stats().growths == 2
 
 
-@pytest.mark.parametrize("path", ["paddle", "fused-cpu"])
-def test_switching_unscale_paths_between_iterations_counts_every_one(path):
-    if path not in kernels.unscale_paths():
-        pytest.skip(f"no {path} path here")
-    run = Run(scaler_for(RULE))
+@pytest.mark.parametrize("reads_between", [False, True])
+def test_verdicts_on_the_host_and_on_the_device_in_turns_count_every_iteration(reads_between):
+    # A read gives the host the counters back while the device holds them; without
+    # reads, the device keeps them for the rest of the run.
+    run = Run(scaler_for(RULE), verdicts="both")
     for index, overflow in enumerate(OVERFLOWS):
-        if index % 3 == 1:
-            with kernels.using_unscale_path(path):
-                run.iteration(overflow)
-        else:
-            run.iteration(overflow)
+        run.iteration(overflow)
+        if reads_between and index % 4 == 3:
+            assert run.scaler.stats() == expected_stats(OVERFLOWS[: index + 1], **RULE)
     assert run.scaler.stats() == expected_stats(OVERFLOWS, **RULE)
 
 

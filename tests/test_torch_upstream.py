@@ -14,7 +14,6 @@ import numpy as np
 import paddle
 import pytest
 
-from paddle_amp_scaler import kernels
 from paddle_amp_scaler.compat.torch import GradScaler, TorchAssertionError
 from paddle_amp_scaler.testing import emulate_fp16_grads
 
@@ -421,28 +420,26 @@ UNSCALE_CASES = [  # (parameters, index of the bad gradient or None, bad value)
 ]
 
 
-@pytest.mark.parametrize("path", kernels.unscale_paths())
-def test_grad_scaling_unscale(path):
+def test_grad_scaling_unscale():
     """Ports test_grad_scaling_unscale: grads of 4.0 at scale 4 become exactly 1.0; inf or
     nan anywhere is found (step skipped, scale backed off), also in the "perfect storm".
-    Public ``unscale_`` on each unscale path for the private kernels; shapes for strided
+    Public ``unscale_`` for the private kernels; shapes for strided
     views; float64 for float16 (no float16 unscale kernel on Paddle's CPU)."""
-    with kernels.using_unscale_path(path):
-        for specs, bad_index, bad_value in UNSCALE_CASES:
-            params = params_with_grads(specs, bad_index, bad_value)
-            before = [p.numpy().copy() for p in params]
-            scaler = GradScaler("cpu", init_scale=4.0)
-            optimizer = sgd(params)
-            scaler.unscale_(optimizer)
-            found = bad_index is not None
-            if not found:
-                assert_close([p.grad.numpy() for p in params], [np.ones(p.shape) for p in params])
-            finish(0, scaler, optimizer, True)
-            case = (specs, bad_index, bad_value)
-            assert scaler.last_step_skipped() == found, case
-            assert scaler.get_scale() == TorchRule(4.0).update(found)[0], case
-            moved = [not np.array_equal(p.numpy(), old) for p, old in zip(params, before)]
-            assert moved == [not found] * len(params), case
+    for specs, bad_index, bad_value in UNSCALE_CASES:
+        params = params_with_grads(specs, bad_index, bad_value)
+        before = [p.numpy().copy() for p in params]
+        scaler = GradScaler("cpu", init_scale=4.0)
+        optimizer = sgd(params)
+        scaler.unscale_(optimizer)
+        found = bad_index is not None
+        if not found:
+            assert_close([p.grad.numpy() for p in params], [np.ones(p.shape) for p in params])
+        finish(0, scaler, optimizer, True)
+        case = (specs, bad_index, bad_value)
+        assert scaler.last_step_skipped() == found, case
+        assert scaler.get_scale() == TorchRule(4.0).update(found)[0], case
+        moved = [not np.array_equal(p.numpy(), old) for p, old in zip(params, before)]
+        assert moved == [not found] * len(params), case
 
 
 def test_step_without_inf_checks_raises_no_inf_checks_error():

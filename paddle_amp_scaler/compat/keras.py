@@ -137,7 +137,7 @@ class LossScaleOptimizer:
     @property
     def loss_scale(self) -> Tensor:
         """The current scale, a float32 0-d Tensor (a copy; no read)."""
-        return self._scaler._scale_tensors().scale.reshape([]).clone()
+        return self._scaler._scale.reshape([]).clone()
 
     @property
     def dynamic(self) -> bool:
@@ -204,7 +204,7 @@ class LossScaleOptimizer:
         self._gradients_unscaled = True
         if not self._scaler.is_enable():
             return list(grads)
-        scale = self._scaler._scale_tensors().scale
+        scale = self._scaler._scale
         return [None if grad is None else kernels.unscaled(_tensor(grad), scale) for grad in grads]
 
     def apply_gradients(self, grads_and_vars: Iterable[tuple[Tensor | None, Tensor]]) -> Any:

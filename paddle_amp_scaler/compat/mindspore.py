@@ -15,7 +15,7 @@ The functional API, for loops written with ``paddle.grad``::
     loss_scaler.adjust(finite)
 
 The update rule is MindSpore's: back off by ``scale_factor`` on every overflow (never
-below 1), grow by it after ``scale_window`` finite steps. It is ``rule.adjust``, with
+below 1), grow by it after ``scale_window`` finite steps. It is ``IntervalRule``, with
 MindSpore's arithmetic: a manager's ``update_loss_scale`` multiplies its Python float by
 ``1 / scale_factor`` on the host; ``DynamicLossScaler.adjust`` divides its float32 scale
 by ``scale_factor`` on the device, through the scaler's own iteration end (so statistics
@@ -31,7 +31,8 @@ import paddle
 from paddle import Tensor
 
 from .. import nested
-from ..core import kernels, rule, validation
+from ..core import kernels, validation
+from ..core.interval import IntervalRule, Memory
 from ..core.scaler import GradScaler
 
 __all__ = [
@@ -58,17 +59,17 @@ class FixedLossScaleManager:
 
     @validation.keywords_checked
     def __init__(self, loss_scale: float = 128.0, drop_overflow_update: bool = True) -> None:
-        self._loss_scale = _at_least_one(loss_scale, "loss_scale")
+        self._fixed_scale = _at_least_one(loss_scale, "loss_scale")
         self._drop_overflow_update = validation.check_bool(
             drop_overflow_update, "drop_overflow_update"
         )
 
     def get_loss_scale(self) -> float:
-        return self._loss_scale
+        return self._fixed_scale
 
     def __repr__(self) -> str:
         return (
-            f"FixedLossScaleManager(loss_scale={self._loss_scale!r}, "
+            f"FixedLossScaleManager(loss_scale={self._fixed_scale!r}, "
             f"drop_overflow_update={self._drop_overflow_update!r})"
         )
 
@@ -84,7 +85,7 @@ class FixedLossScaleManager:
         ``drop_overflow_update`` is False (as in MindSpore: then nothing is skipped)."""
         if not self._drop_overflow_update:
             return None
-        return GradScaler(init_loss_scaling=self._loss_scale, use_dynamic_loss_scaling=False)
+        return GradScaler(init_loss_scaling=self._fixed_scale, use_dynamic_loss_scaling=False)
 
 
 class DynamicLossScaleManager:
@@ -109,24 +110,25 @@ class DynamicLossScaleManager:
         scale_window = validation.check_period(scale_window, "scale_window")
         # MindSpore takes any positive factor; one at or below 1 would never back off.
         scale_factor = validation.check_incr_ratio(scale_factor, "scale_factor")
-        # MindSpore backs off by multiplying with the reciprocal, as rule.adjust does.
-        policy = rule.Policy(
+        # MindSpore backs off by multiplying with the reciprocal, as IntervalRule does.
+        self._dynamic_rule = IntervalRule(
             incr_ratio=scale_factor,
             decr_ratio=1 / scale_factor,
             incr_every_n_steps=scale_window,
             decr_every_n_nan_or_inf=1,
         )
-        self._state = rule.LossScaleState(init_loss_scale, policy=policy, float32=False)
+        # A Python float: the rule keeps Python's arithmetic, as MindSpore's manager does.
+        self._memory = Memory(float(init_loss_scale))
         self._consecutive_overflows = 0
 
     def get_loss_scale(self) -> float:
-        return self._state.scale
+        return float(self._memory.scale)
 
     def __repr__(self) -> str:
-        policy = self._state.policy
         return (
-            f"DynamicLossScaleManager(loss_scale={self._state.scale!r}, "
-            f"scale_factor={policy.incr_ratio!r}, scale_window={policy.incr_every_n_steps!r})"
+            f"DynamicLossScaleManager(loss_scale={self.get_loss_scale()!r}, "
+            f"scale_factor={self._dynamic_rule.incr_ratio!r}, "
+            f"scale_window={self._dynamic_rule.incr_every_n_steps!r})"
         )
 
     def get_drop_overflow_update(self) -> bool:
@@ -135,7 +137,9 @@ class DynamicLossScaleManager:
     def update_loss_scale(self, overflow: bool) -> None:
         """One iteration of the rule; ``RuntimeError`` after more than 1000 consecutive
         overflows (the scale has then been updated for this one too)."""
-        self._state = rule.adjust(self._state, validation.check_bool(overflow, "overflow"))
+        self._memory, _ = self._dynamic_rule.adjust(
+            self._memory, validation.check_bool(overflow, "overflow")
+        )
         self._consecutive_overflows = self._consecutive_overflows + 1 if overflow else 0
         if self._consecutive_overflows > MAX_CONSECUTIVE_OVERFLOWS:
             raise RuntimeError(
@@ -146,12 +150,11 @@ class DynamicLossScaleManager:
 
     def get_update_cell(self) -> GradScaler:
         """A new ``GradScaler`` applying this manager's policy from its current scale."""
-        policy = self._state.policy
         return GradScaler(
-            init_loss_scaling=self._state.scale,
-            incr_ratio=policy.incr_ratio,
-            decr_ratio=policy.decr_ratio,
-            incr_every_n_steps=policy.incr_every_n_steps,
+            init_loss_scaling=self.get_loss_scale(),
+            incr_ratio=self._dynamic_rule.incr_ratio,
+            decr_ratio=self._dynamic_rule.decr_ratio,
+            incr_every_n_steps=self._dynamic_rule.incr_every_n_steps,
             decr_every_n_nan_or_inf=1,
             # MindSpore gives up after 1000 consecutive overflows.
             stuck_after=MAX_CONSECUTIVE_OVERFLOWS + 1,
@@ -169,7 +172,7 @@ class _LossScaler:
     def scale_value(self) -> Tensor:
         """The current scale, a float32 0-d Tensor (a copy; no read). Assignable, as
         MindSpore's Parameter is: a number or a one-element Tensor, at least 1."""
-        return self._scaler._scale_tensors().scale.reshape([]).clone()
+        return self._scaler._scale.reshape([]).clone()
 
     @scale_value.setter
     def scale_value(self, value: Any) -> None:
@@ -190,7 +193,7 @@ class _LossScaler:
     def _each_tensor(
         self, function: str, kernel: Callable[[Tensor, Tensor], Tensor], inputs: Any
     ) -> Any:
-        scale = self._scaler._scale_tensors().scale
+        scale = self._scaler._scale
         return nested.map_tensors(
             lambda tensor: kernel(tensor, scale), inputs, nested.refuse_leaves(function, "inputs")
         )
@@ -206,7 +209,7 @@ class _LossScaler:
                 )
             return grads_finite.reshape([1])
         finite = validation.check_bool(grads_finite, "grads_finite")
-        return paddle.full_like(self._scaler._scale_tensors().scale, finite, dtype=paddle.bool)
+        return paddle.full_like(self._scaler._scale, finite, dtype=paddle.bool)
 
 
 class StaticLossScaler(_LossScaler):
@@ -260,7 +263,7 @@ class DynamicLossScaler(_LossScaler):
         )
         # MindSpore divides its float32 scale by the factor, where 1 / factor would
         # round differently (scale_factor=3: 33.333332, not 33.333336, from 100).
-        scaler._set_policy(backoff_divisor=float(scale_factor))
+        scaler._change_rule(backoff_divisor=float(scale_factor))
         super().__init__(scaler)
 
     @property

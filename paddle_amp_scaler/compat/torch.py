@@ -139,28 +139,15 @@ class GradScaler(_CoreGradScaler):
 
     def update(self, new_scale: float | Tensor | None = None) -> None:
         """End the iteration: update the scale from this iteration's steps, or set it to
-        ``new_scale`` (a float, or a one-element Tensor, copied on the device)."""
-        if new_scale is None:
-            if not self._end_iteration():
-                raise TorchAssertionError(
-                    "No inf checks were recorded prior to update(): call "
-                    "scaler.step(optimizer) for each optimizer first, then update() once"
-                )
-            return
-        if not self._enable:
-            return
-        scale = self._scale_tensors().scale
-        if isinstance(new_scale, Tensor):
-            if new_scale.size != 1 or not new_scale.is_floating_point():
-                raise ValueError(
-                    "new_scale must be a float or a one-element floating-point Tensor, got "
-                    f"a {new_scale.dtype} Tensor of shape {list(new_scale.shape)}"
-                )
-            paddle.assign(new_scale.detach().astype("float32").reshape([1]), output=scale)
-        else:
-            scale.fill_(validation.check_scale(new_scale, "new_scale"))
-        # The iteration still ends and is counted, with the given scale for the rule's.
-        self._end_iteration(update_scale=False)
+        ``new_scale`` (a float within the scaler's bounds, or a one-element Tensor, copied
+        on the device and clamped into them)."""
+        if new_scale is not None:
+            self._end_iteration(new_scale=new_scale)
+        elif not self._end_iteration():
+            raise TorchAssertionError(
+                "No inf checks were recorded prior to update(): call "
+                "scaler.step(optimizer) for each optimizer first, then update() once"
+            )
 
     def __repr__(self) -> str:
         return "GradScaler(enabled=False)" if not self._enable else super().__repr__()

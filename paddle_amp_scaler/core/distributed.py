@@ -19,7 +19,7 @@ from paddle import Tensor
 from paddle.distributed.communication.group import Group
 
 from . import validation
-from .verdict import Verdict
+from .kernels import Verdict
 
 
 class RankZeroOnly(logging.Filter):
@@ -48,12 +48,7 @@ class FoundInfSync:
     ``paddle.distributed`` runs more than one rank and ``enabled`` is True."""
 
     def __init__(self, group: Any, enabled: Any) -> None:
-        if group is not None and not isinstance(group, Group):
-            raise TypeError(
-                "group must be None or a paddle.distributed group (from "
-                f"paddle.distributed.new_group), got {type(group).__name__}"
-            )
-        self.group = group
+        self.group = validation.check_group(group, Group)
         self.enabled = validation.check_bool(enabled, "sync_found_inf")
 
     def active(self) -> bool:

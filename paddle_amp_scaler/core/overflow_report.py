@@ -2,7 +2,7 @@
 
 "Found inf or nan" says nothing about where. With ``report_overflows=True`` each
 unscale also counts, per gradient as backward left it, its inf and its nan elements
-(queued on the device, no read; on a CPU in the compiled unscale's one pass); the
+(queued on the device, no read); the
 iteration's end reads the counts once, keeps those of an iteration that found any,
 and logs it.
 """
@@ -11,17 +11,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import paddle
 from paddle import Tensor
 
-from . import kernels
-from .verdict import Verdict
-
-if TYPE_CHECKING:
-    from .unscale_paths import UnscalePath
+from . import kernels, validation
+from .kernels import Verdict
 
 logger = logging.getLogger("paddle_amp_scaler")
 
@@ -41,19 +38,14 @@ class OverflowEntry:
     iteration: int
 
 
-def recorder_for(report_overflows: Any, path: UnscalePath) -> OverflowRecorder | None:
+def recorder_for(report_overflows: Any) -> OverflowRecorder | None:
     """The recorder ``report_overflows`` asks for: None for False; for a model, one that
     names each gradient as ``model.named_parameters()`` does, in the report and in the
     log lines alike."""
-    if isinstance(report_overflows, (bool, np.bool_)):
-        return OverflowRecorder(path) if report_overflows else None
-    if callable(getattr(report_overflows, "named_parameters", None)):
-        names = {param.name: name for name, param in report_overflows.named_parameters()}
-        return OverflowRecorder(path, names)
-    raise TypeError(
-        "report_overflows must be a bool, or the model (a paddle.nn.Layer) whose parameter "
-        f"names the report and its log lines should use, got {report_overflows!r}"
-    )
+    if isinstance(validation.check_report_overflows(report_overflows), (bool, np.bool_)):
+        return OverflowRecorder() if report_overflows else None
+    names = {param.name: name for name, param in report_overflows.named_parameters()}
+    return OverflowRecorder(names)
 
 
 class OverflowRecorder:
@@ -63,8 +55,7 @@ class OverflowRecorder:
     ones (``0.weight``); a parameter it does not know keeps Paddle's name.
     """
 
-    def __init__(self, path: UnscalePath, names: dict[str, str] | None = None) -> None:
-        self._path = path
+    def __init__(self, names: dict[str, str] | None = None) -> None:
         self._names = names or {}
         # Per unscale: (param, grad dtype) in the order of the tally's rows, and the tally.
         self._pending: list[tuple[list[tuple[Any, Any]], Tensor]] = []
@@ -80,25 +71,28 @@ class OverflowRecorder:
         *,
         measure: bool = False,
     ) -> Verdict:
-        """The unscale path's ``unscale_and_check_`` of ``grads``, the gradients of ``params``,
+        """``kernels.unscale_and_check_`` of ``grads``, the gradients of ``params``,
         queueing each one's inf and nan counts, taken before it is unscaled."""
         checked = [(param, grad) for param, grad in zip(params, grads) if kernels.is_checked(grad)]
-        verdict, tally = self._path.unscale_check_and_tally_(
+        verdict, tally = kernels.unscale_check_and_tally_(
             [grad for _, grad in checked], scale, all_finite, measure=measure
         )
         if tally is not None:
             self._pending.append(([(param, grad.dtype) for param, grad in checked], tally))
         return verdict
 
-    def end_iteration(self, iteration: int, found_inf: Tensor) -> None:
+    def end_iteration(self, iteration: int, found_inf: bool | Tensor) -> None:
         """Read this iteration's counts and verdict (one device read); keep the counts of
         an iteration that found inf/nan, and log it if it skipped."""
         pending, self._pending = self._pending, []
-        tallies = [tally for _, tally in pending]
-        # The verdict (reduced over ranks) rides in the same read, as a row of its own.
-        verdict = paddle.expand(found_inf.astype(paddle.int64), [1, 2])
-        rows = paddle.concat([verdict, *tallies]).numpy().tolist()
-        skipped, counts = bool(rows[0][0]), rows[1:]
+        rows = [tally for _, tally in pending]
+        if isinstance(found_inf, Tensor):
+            # The verdict (reduced over ranks) rides in the same read, as a row of its own.
+            rows.insert(0, paddle.expand(found_inf.astype(paddle.int64), [1, 2]))
+        read = paddle.concat(rows).numpy().tolist() if rows else []
+        if isinstance(found_inf, Tensor):
+            found_inf, read = bool(read[0][0]), read[1:]
+        skipped, counts = found_inf, read
         owners = [owner for unscale_owners, _ in pending for owner in unscale_owners]
         overflowed = [
             (

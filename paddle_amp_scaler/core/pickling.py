@@ -45,9 +45,13 @@ def to_device(value: Any) -> Any:
 
 
 def _each(value: Any, kind: type, convert: Callable[[Any], Any]) -> Any:
-    """``value`` with every ``kind`` in it, also inside dicts, lists and tuples, converted."""
+    """``value`` with every ``kind`` in it, also inside dicts, lists, tuples and dataclass
+    instances, converted."""
     if isinstance(value, kind):
         return convert(value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = {field.name: getattr(value, field.name) for field in dataclasses.fields(value)}
+        return dataclasses.replace(value, **_each(fields, kind, convert))
     if type(value) is dict:
         return {key: _each(item, kind, convert) for key, item in value.items()}
     if type(value) in (list, tuple):

@@ -1,10 +1,9 @@
 """AmpScaler and GradScaler: the per-iteration state machine around Paddle's AMP kernels.
 
 One step visits each stage once, in order, each in a module of its own: what to step
-(``optimizers``: parameters and gradients), unscale and check (the scaler's unscale
-path, ``unscale_paths``), agree across ranks (``distributed``), step or skip
-(``skipping``), and at the iteration's end the update (``rule``, in the path's device
-form) and its count (``statistics``).
+(``optimizers``: parameters and gradients), unscale and check (``kernels``), agree across
+ranks (``distributed``), step or skip (``skipping``), and at the iteration's end the
+rule (``loss_scale``, ``interval``, ``headroom``) and the count (``statistics``).
 
 Other modules reach the scaler through three doors, and no other (a test reads their
 source to keep it so):
@@ -21,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import warnings
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
 import paddle
@@ -29,14 +28,16 @@ from paddle import Tensor
 from paddle.amp.auto_cast import amp_global_state
 from paddle.amp.grad_scaler import OptimizerState
 
-from . import distributed, kernels, optimizers, rule, skipping, unscale_paths, validation
-from .accessors import Accessors
+from . import distributed, kernels, optimizers, skipping, validation
+from .interval import IntervalRule, Memory
+from .kernels import Verdict
+from .loss_scale import LossScale
 from .overflow_report import OverflowEntry, recorder_for
 from .pickling import TensorsOnHost
-from .scale_tensors import ScaleTensors
-from .statistics import RunStatistics
+from .rules import rule_named
+from .state_dict import SavedScaler, parse_state_dict
+from .statistics import RunStatistics, ScalerStats
 from .stuck import OnStuck, StuckPolicy
-from .verdict import Verdict
 
 # Paddle's private fields that its trainers and distributed wrappers use, kept with
 # Paddle's meaning (API.md, "Drop-in").
@@ -55,7 +56,7 @@ EXTENSION_INTERFACE = (
     "_step_optimizer",
     "_end_iteration",
     "_scale_tensors",
-    "_set_policy",
+    "_change_rule",
     "_nothing_checked",
     "_repr_fields",
 )
@@ -89,12 +90,12 @@ class OptimizerRecord:
         self.stage = value
 
 
-class AmpScaler(Accessors, TensorsOnHost):
+class AmpScaler(TensorsOnHost):
     """Dynamic loss scaling for Paddle dygraph, with the API of Paddle's ``AmpScaler``.
 
-    Once per iteration the scale moves by its policy: ``rule.adjust`` by default (back
-    off after ``decr_every_n_nan_or_inf`` iterations with inf/nan, grow after
-    ``incr_every_n_steps`` finite ones), or ``rule.adjust_headroom`` (grow as soon as the
+    Once per iteration the scale moves by its rule: ``IntervalRule`` by default (back off
+    after ``decr_every_n_nan_or_inf`` iterations with inf/nan, grow after
+    ``incr_every_n_steps`` finite ones), or ``HeadroomRule`` (grow as soon as the
     gradients leave room below float16's ceiling), and a step whose gradients hold
     inf/nan leaves parameters and optimizer state untouched. The scale, both counters
     and the verdict stay on the device: ``scale``, ``unscale_``, ``minimize``, ``step``
@@ -157,47 +158,37 @@ class AmpScaler(Accessors, TensorsOnHost):
     ) -> None:
         self._enable = validation.check_bool(enable, "enable")
         lower, upper = validation.check_bounds(min_loss_scaling, max_loss_scaling)
-        # Paddle's scaler takes the periods unchecked, so code may give 1000.0.
-        self._policy = rule.Policy(
-            incr_ratio=validation.check_incr_ratio(incr_ratio),
-            decr_ratio=validation.check_decr_ratio(decr_ratio),
-            incr_every_n_steps=validation.check_period(
-                incr_every_n_steps, "incr_every_n_steps", integral_float=True
-            ),
-            decr_every_n_nan_or_inf=validation.check_period(
-                decr_every_n_nan_or_inf, "decr_every_n_nan_or_inf", integral_float=True
+        # The one place a policy's name is read: from here on, the rule answers.
+        rule = rule_named(policy)(
+            **validation.check_rule_settings(
+                incr_ratio, decr_ratio, incr_every_n_steps, decr_every_n_nan_or_inf
             ),
             min_scale=lower,
             max_scale=upper,
-            name=validation.check_policy(policy),
         )
-        self._init_loss_scaling = self._within_bounds(init_loss_scaling, "init_loss_scaling")
+        self._init_loss_scaling = validation.check_within(
+            validation.check_scale(init_loss_scaling, "init_loss_scaling"),
+            "init_loss_scaling",
+            (lower, upper),
+        )
         self._use_dynamic_loss_scaling = validation.check_bool(
             use_dynamic_loss_scaling, "use_dynamic_loss_scaling"
         )
         place = validation.check_place(place)
         try:
-            self._tensors = ScaleTensors(self._init_loss_scaling, place)
+            self._loss_scale = LossScale(rule, self._init_loss_scaling, place)
         # Paddle's words for a device it cannot use; a bare "gpu" without CUDA fails inside
         # Paddle's own message with an AttributeError.
         except (ValueError, AttributeError) as error:
             raise ValueError(f"place {place!r} cannot be used here: {error}") from None
-        place = self._tensors.scale.place
+        place = self._loss_scale.scale.place
         self._temp_found_inf_value_false = paddle.to_tensor([False], place=place)
         self._found_inf: Any = self._temp_found_inf_value_false
         self._cache_found_inf: Any = None
         self._optimizer_states: defaultdict[int, OptimizerRecord] = defaultdict(OptimizerRecord)
-        # Chosen once: on a CPU this loads (or, once per machine, builds) the compiled
-        # helper now, so that neither the build nor its self-check lands in a step. A
-        # disabled scaler does no device work, and needs no helper.
-        self._path = (
-            unscale_paths.path_for(place)
-            if self._enable
-            else unscale_paths.by_name(unscale_paths.PADDLE_PATH)
-        )
-        self._run = RunStatistics(self._path, place)
+        self._run = RunStatistics(place)
         self._stuck_policy = StuckPolicy(stuck_after, on_stuck)
-        self._overflows = recorder_for(report_overflows, self._path)
+        self._overflows = recorder_for(report_overflows)
         self._sync = distributed.FoundInfSync(group, sync_found_inf)
 
     # What a repr leaves out: each option at the value the constructor gives it by default.
@@ -206,11 +197,15 @@ class AmpScaler(Accessors, TensorsOnHost):
     @property
     def _scale(self) -> Tensor:
         """The current scale, float32 [1] on the device (Paddle's name for it)."""
-        return self._tensors.scale
+        return self._loss_scale.scale
 
     @_scale.setter
     def _scale(self, scale: Tensor) -> None:
-        self._tensors.scale = scale
+        self._loss_scale.scale = scale
+
+    @property
+    def _rule(self) -> IntervalRule:
+        return self._loss_scale.rule
 
     # -- the training step ------------------------------------------------------------
 
@@ -221,7 +216,7 @@ class AmpScaler(Accessors, TensorsOnHost):
         self._switch_off_for_bfloat16()
         if not self._enable or not var._is_initialized():
             return var
-        return kernels.scaled(var, self._tensors.scale)
+        return kernels.scaled(var, self._loss_scale.scale)
 
     def unscale_(self, optimizer: Any) -> None:
         """Divide the optimizer's gradients by the scale in place and check them for inf/nan.
@@ -238,8 +233,8 @@ class AmpScaler(Accessors, TensorsOnHost):
     def minimize(self, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
         """Unscale (unless done), ``optimizer.minimize(*args, **kwargs)`` unless inf/nan
         was found, then update the scale. Returns what ``optimizer.minimize`` returned, or
-        ``(None, None)`` where the scaler skipped the call (on a CPU, or for an optimizer
-        that takes no found-inf flag)."""
+        ``(None, None)`` where the scaler skipped the call (for an optimizer that takes
+        no found-inf flag)."""
         optimizers.check_optimizer(optimizer, "minimize", "minimize")
         result = self._step_optimizer(
             optimizer, lambda: optimizer.minimize(*args, **kwargs), skipped=(None, None)
@@ -259,10 +254,10 @@ class AmpScaler(Accessors, TensorsOnHost):
         _refuse_unscale_in(record.stage)
         params = optimizers.parameters_of(optimizer)
         grads = optimizers.grads_of(params)
-        scale, all_finite = self._tensors.scale, self._temp_found_inf_value_false
+        scale, all_finite = self._loss_scale.scale, self._temp_found_inf_value_false
         measure = self._measures_now()
         if self._overflows is None:
-            verdict = self._path.unscale_and_check_(grads, scale, all_finite, measure=measure)
+            verdict = kernels.unscale_and_check_(grads, scale, all_finite, measure=measure)
         else:
             verdict = self._overflows.unscale_and_count_(
                 params, grads, scale, all_finite, measure=measure
@@ -307,26 +302,35 @@ class AmpScaler(Accessors, TensorsOnHost):
                 del self._optimizer_states[id(optimizer)]
                 raise
         verdict = cast(Verdict, record.verdict)  # every unscale leaves one
-        skip = skipping.choose(self._path, optimizer, verdict, record.params, record.grads)
-        result = skip.step(run_step, verdict)
+        skip = skipping.choose(optimizer, verdict, record.params, record.grads)
+        result, on_host = skip.step(run_step, verdict)
+        if on_host is not None:
+            verdict = record.verdict = dataclasses.replace(verdict, on_host=on_host)
         record.stage = OptimizerState.STEPPED
         self._found_inf = verdict.flag
         self._cache_found_inf = verdict.flag if verdict.on_host is None else verdict.on_host
         return skipped if result is skipping.SKIPPED else result
 
-    def _end_iteration(self, *, update_scale: bool = True, found: Tensor | None = None) -> bool:
+    def _end_iteration(
+        self, *, found: Tensor | None = None, new_scale: float | Tensor | None = None
+    ) -> bool:
         """End the iteration: the one path into the update. Join the verdicts of every
         optimizer stepped since the last end (any inf/nan counts), or take ``found`` (a
-        bool [1] tensor) from a face that decided it itself; move the scale by the rule
-        unless ``update_scale`` is False; count the iteration; report overflows; then
-        apply the stuck policy. An iteration in which nothing was checked ends uncounted.
+        bool [1] tensor) from a face that decided it itself; move the scale by the rule,
+        or set it to ``new_scale`` instead (PyTorch's ``update(new_scale)``: a float must
+        lie within the bounds, a one-element tensor is clamped into them on the device,
+        where checking it would read it; the counters stay as they are); count the
+        iteration; report overflows; then apply the stuck policy. An iteration in which
+        nothing was checked ends uncounted.
 
-        Returns False, and changes nothing, when there is no iteration to end: no
-        ``found`` and no optimizer stepped (``update()`` then is misuse, which each face
-        words in its own framework's terms).
+        Returns False, and changes nothing but the scale, when there is no iteration to
+        end: no ``found`` and no optimizer stepped (``update()`` then is misuse, which
+        each face words in its own framework's terms).
         """
         if not self._enable:
             return True
+        if new_scale is not None:
+            self._loss_scale.set_scale(new_scale, "new_scale")
         stepped = [
             record
             for record in self._optimizer_states.values()
@@ -335,29 +339,35 @@ class AmpScaler(Accessors, TensorsOnHost):
         if found is None and not stepped:
             return False
         self._optimizer_states = defaultdict(OptimizerRecord)
+        verdict: bool | Tensor = found if found is not None else False
         amax = None
         if found is None:
-            if not any(record.checked for record in stepped):
-                return True  # nothing was observed: nothing for the rule, nothing to count
             verdicts = [cast(Verdict, record.verdict) for record in stepped if record.checked]
-            found = kernels.any_of([verdict.flag for verdict in verdicts])
+            if not verdicts:
+                return True  # nothing was observed: nothing for the rule, nothing to count
+            verdict = Verdict.joined(verdicts)
             amax = kernels.largest_of([verdict.amax for verdict in verdicts])
-        fired = None
-        if update_scale and self._use_dynamic_loss_scaling:
-            fired = self._path.adjust_(
-                found, self._tensors, self._policy, amax=amax, iteration=self._run.iterations + 1
-            )
-        self._run.record(found, fired)
+        acted: bool | Tensor = False
+        if new_scale is None and self._use_dynamic_loss_scaling:
+            acted = self._loss_scale.advance(verdict, amax, self._run.iterations + 1)
+        self._run.record(verdict, acted)
         if self._overflows is not None:
-            self._overflows.end_iteration(self._run.iterations, found)
+            self._overflows.end_iteration(self._run.iterations, verdict)
         # Last, so that a LossScaleStuckError leaves a consistent, resumable scaler.
         self._stuck_policy.after_iteration(self._run, self.stats)
         return True
 
-    def _scale_tensors(self) -> ScaleTensors:
-        """The scale and its counters as the live device tensors, to show or write in
-        place with no read (a face that shows the scale as a tensor, or sets it)."""
-        return self._tensors
+    def _scale_tensors(self) -> Memory:
+        """The scale and the rule's memory as the live device tensors (``scale``,
+        ``incr_count``, ``decr_count``, ...), to show or compute with, with no read;
+        written through the setters, never directly."""
+        return self._loss_scale.tensors()
+
+    def _change_rule(self, **changes: Any) -> None:
+        """Change the rule's settings (fields of ``IntervalRule``, checked by the caller):
+        the next update applies them. MindSpore's functional scaler sets
+        ``backoff_divisor`` so."""
+        self._loss_scale.rule = dataclasses.replace(self._rule, **changes)
 
     def _nothing_checked(self, optimizer: Any) -> None:
         """Called when none of ``optimizer``'s parameters has a gradient this iteration;
@@ -374,8 +384,19 @@ class AmpScaler(Accessors, TensorsOnHost):
             stacklevel=4,
         )
 
-    # _set_policy (a change of the rule's settings) and _repr_fields (the numbers a repr
-    # shows, under the face's names) are in Accessors, beside the getters and setters.
+    def _repr_fields(self) -> dict[str, Any]:
+        """The numbers a repr shows first, by name: a face overrides it to show its own
+        framework's names."""
+        rule = self._rule
+        return {
+            "scale": self.get_loss_scaling(),
+            "incr_count": self.get_incr_count(),
+            "decr_count": self.get_decr_count(),
+            "incr_ratio": rule.incr_ratio,
+            "decr_ratio": rule.decr_ratio,
+            "incr_every_n_steps": rule.incr_every_n_steps,
+            "decr_every_n_nan_or_inf": rule.decr_every_n_nan_or_inf,
+        }
 
     # -- the stages -------------------------------------------------------------------
 
@@ -390,15 +411,15 @@ class AmpScaler(Accessors, TensorsOnHost):
             if isinstance(found, Tensor):
                 record.verdict = Verdict(found)
             else:
-                flag = paddle.to_tensor([bool(found)], place=self._tensors.scale.place)
+                flag = paddle.to_tensor([bool(found)], place=self._loss_scale.scale.place)
                 record.verdict = Verdict(flag, bool(found))
             record.stage = OptimizerState.UNSCALED
 
     def _check_given_gradients(self, record: OptimizerRecord, grads: Sequence[Tensor]) -> None:
         # Multiplying by exactly 1 leaves every value as it is: the unscale only checks.
         _refuse_unscale_in(record.stage)
-        scale = self._tensors.scale
-        verdict = self._path.unscale_and_check_(
+        scale = self._loss_scale.scale
+        verdict = kernels.unscale_and_check_(
             grads,
             paddle.ones_like(scale),
             self._temp_found_inf_value_false,
@@ -410,13 +431,8 @@ class AmpScaler(Accessors, TensorsOnHost):
         self._record_verdict(record, verdict, None, list(grads))
 
     def _measures_now(self) -> bool:
-        """Whether this iteration's unscales measure the amax: the headroom policy's, on
-        its path's schedule (every iteration on a CPU, a few on a GPU)."""
-        return (
-            self._policy.name == "headroom"
-            and self._use_dynamic_loss_scaling
-            and rule.measured(self._run.iterations + 1, self._path.measure_every)
-        )
+        """Whether this iteration's unscales measure the amax, as the rule asks."""
+        return self._use_dynamic_loss_scaling and self._rule.measures(self._run.iterations + 1)
 
     def _record_verdict(
         self,
@@ -452,17 +468,137 @@ class AmpScaler(Accessors, TensorsOnHost):
         )
         self._enable = self._use_dynamic_loss_scaling = False
 
-    def __getstate__(self) -> dict[str, Any]:
-        """Pickle (or deep-copy) between iterations only, as PyTorch's scaler does: mid-way,
-        the per-optimizer records point at gradients and optimizers of this process."""
-        if any(r.stage is not OptimizerState.INIT for r in self._optimizer_states.values()):
-            raise RuntimeError(
-                "a scaler may only be pickled (or deep-copied) at the beginning of an "
-                "iteration, or at the end after scaler.update(); it was pickled after "
-                "unscale_() or step(): call scaler.update() first"
-            )
+    # -- Paddle's getters and setters ------------------------------------------------
+    # Each read is a device sync, outside a step: the scaler itself never reads.
+
+    def is_enable(self) -> bool:
+        return self._enable
+
+    def is_use_dynamic_loss_scaling(self) -> bool:
+        return self._use_dynamic_loss_scaling
+
+    def get_loss_scaling(self) -> float:
+        """The current scale (reads the device); 1.0 when disabled."""
+        return kernels.read_numbers(self._loss_scale.scale)[0] if self._enable else 1.0
+
+    def get_init_loss_scaling(self) -> float:
+        return self._init_loss_scaling if self._enable else 1.0
+
+    def set_init_loss_scaling(self, new_init_loss_scaling: float) -> None:
+        """Set the initial scale, and the current scale with it (within the bounds)."""
+        self._init_loss_scaling = self._loss_scale.set_scale(
+            new_init_loss_scaling, "new_init_loss_scaling"
+        )
+
+    def get_incr_ratio(self) -> float:
+        return self._rule.incr_ratio
+
+    def set_incr_ratio(self, new_incr_ratio: float) -> None:
+        self._change_rule(incr_ratio=validation.check_incr_ratio(new_incr_ratio, "new_incr_ratio"))
+
+    def get_decr_ratio(self) -> float:
+        return self._rule.decr_ratio
+
+    def set_decr_ratio(self, new_decr_ratio: float) -> None:
+        self._change_rule(decr_ratio=validation.check_decr_ratio(new_decr_ratio, "new_decr_ratio"))
+
+    def get_incr_every_n_steps(self) -> int:
+        return self._rule.incr_every_n_steps
+
+    def set_incr_every_n_steps(self, new_incr_every_n_steps: int) -> None:
+        """Set the growth period; a streak already that long grows at the next finite step."""
+        name = "new_incr_every_n_steps"
+        period = validation.check_period(new_incr_every_n_steps, name, integral_float=True)
+        self._change_rule(incr_every_n_steps=period)
+        if self._rule.grows_every is not None:
+            incr_count, _ = self._loss_scale.counters()
+            self._loss_scale.set_counters(incr_count=min(incr_count, period - 1))
+
+    def get_decr_every_n_nan_or_inf(self) -> int:
+        return self._rule.decr_every_n_nan_or_inf
+
+    def set_decr_every_n_nan_or_inf(self, new_decr_every_n_nan_or_inf: int) -> None:
+        """Set the back-off period; a streak already that long backs off at the next inf/nan."""
+        name = "new_decr_every_n_nan_or_inf"
+        period = validation.check_period(new_decr_every_n_nan_or_inf, name, integral_float=True)
+        self._change_rule(decr_every_n_nan_or_inf=period)
+        _, decr_count = self._loss_scale.counters()
+        self._loss_scale.set_counters(decr_count=min(decr_count, period - 1))
+
+    def get_incr_count(self) -> int:
+        """Finite steps since the last increase or inf/nan step (may read the device)."""
+        return self._loss_scale.counters()[0]
+
+    def set_incr_count(self, new_incr_count: int) -> None:
+        period = self._rule.incr_every_n_steps
+        count = validation.check_count(
+            new_incr_count, "new_incr_count", period, "incr_every_n_steps"
+        )
+        self._loss_scale.set_counters(incr_count=count)
+
+    def get_decr_count(self) -> int:
+        """Inf/nan steps since the last decrease or finite step (may read the device)."""
+        return self._loss_scale.counters()[1]
+
+    def set_decr_count(self, new_decr_count: int) -> None:
+        period = self._rule.decr_every_n_nan_or_inf
+        count = validation.check_count(
+            new_decr_count, "new_decr_count", period, "decr_every_n_nan_or_inf"
+        )
+        self._loss_scale.set_counters(decr_count=count)
+
+    # -- what the run did, and the state dict -------------------------------------------
+
+    def stats(self) -> ScalerStats:
+        """The run so far: iterations, skipped ones, the current skip streak, the last
+        skipped iteration, growths, back-offs, the scale and, under a rule that measures
+        the gradients, their headroom (one read of the device)."""
+        if not self._enable:
+            return ScalerStats.nothing_yet()
+        return self._read()[1]
+
+    def last_step_skipped(self) -> bool:
+        """Whether the most recent iteration skipped its step (reads the device); False
+        before the first. For an LR scheduler that must not advance on skipped steps."""
+        return self.stats().skip_streak > 0
+
+    def _read(self) -> tuple[Memory, ScalerStats]:
+        """The rule's memory and the statistics, in one read of the device."""
         self._run.count_pending()
-        return super().__getstate__()
+        memory, counts = self._loss_scale.read(self._run.counts)
+        dynamic = self._use_dynamic_loss_scaling
+        headroom_bits = self._rule.headroom_bits(memory) if dynamic else None
+        return memory, self._run.stats(counts, float(memory.scale), headroom_bits)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The scaler's state in Paddle's format (reads the device); ``{}`` when disabled."""
+        if not self._enable:
+            return {}
+        memory, stats = self._read()
+        saved = SavedScaler.of(self._rule, memory, stats, self._use_dynamic_loss_scaling)
+        return saved.to_paddle_dict()
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Load a state dict of this package, of Paddle's scalers or of PyTorch's GradScaler.
+
+        A bad dict raises ``ValueError`` naming the key and leaves the scaler unchanged.
+        Like Paddle's, loading also makes the loaded scale the initial scale.
+        """
+        if not self._enable:
+            return
+        if isinstance(state_dict, Mapping) and len(state_dict) == 0:
+            raise RuntimeError(
+                "load_state_dict() got an empty dict, which is what a disabled scaler "
+                "saves; load it into a scaler built with enable=False, or pass the "
+                "state_dict of an enabled one"
+            )
+        loaded = parse_state_dict(state_dict)
+        rule = loaded.rule_over(self._rule)
+        self._init_loss_scaling = loaded.scale_within(rule.min_scale, rule.max_scale)
+        self._loss_scale.load(rule, loaded.memory_at(rule, self._init_loss_scaling))
+        self._use_dynamic_loss_scaling = loaded.use_dynamic_loss_scaling
+        if loaded.stats is not None:
+            self._run.load(loaded.stats)
 
     # -- diagnostics ------------------------------------------------------------------
 
@@ -484,8 +620,41 @@ class AmpScaler(Accessors, TensorsOnHost):
         if self._enable:
             distributed.check_consistency(self, self._sync.group)
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickle (or deep-copy) between iterations only, as PyTorch's scaler does: mid-way,
+        the per-optimizer records point at gradients and optimizers of this process."""
+        if any(r.stage is not OptimizerState.INIT for r in self._optimizer_states.values()):
+            raise RuntimeError(
+                "a scaler may only be pickled (or deep-copied) at the beginning of an "
+                "iteration, or at the end after scaler.update(); it was pickled after "
+                "unscale_() or step(): call scaler.update() first"
+            )
+        self._run.count_pending()
+        return super().__getstate__()
 
-@validation.with_defaults(init_loss_scaling=2.0**16, incr_every_n_steps=2000)
+    def __repr__(self) -> str:
+        """The scale, counters, ratios and periods (reads the device), then each option
+        that differs from its default."""
+        if not self._enable:
+            return f"{type(self).__name__}(enable=False)"
+        options = {
+            "use_dynamic_loss_scaling": self._use_dynamic_loss_scaling,
+            "policy": self._rule.name,
+            "min_loss_scaling": self._rule.min_scale,
+            "max_loss_scaling": self._rule.max_scale,
+            "stuck_after": self._stuck_policy.stuck_after,
+            "on_stuck": self._stuck_policy.on_stuck,
+            "report_overflows": self._overflows is not None,
+            "group": self._sync.group,
+            "sync_found_inf": self._sync.enabled,
+        }
+        fields = self._repr_fields()
+        fields.update(
+            {key: value for key, value in options.items() if value != self._option_defaults[key]}
+        )
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in fields.items())})"
+
+
 class GradScaler(AmpScaler):
     """``AmpScaler`` with the split form of ``minimize``: ``step(optimizer)`` then ``update()``.
 
@@ -500,6 +669,47 @@ class GradScaler(AmpScaler):
         scaler.update()             # once per iteration, however many optimizers
         optimizer.clear_grad()
     """
+
+    # Written out, as Paddle's is: help() and inspect show GradScaler's own defaults.
+    @validation.keywords_checked
+    def __init__(
+        self,
+        enable: bool = True,
+        init_loss_scaling: float = 2.0**16,
+        incr_ratio: float = 2.0,
+        decr_ratio: float = 0.5,
+        incr_every_n_steps: int = 2000,
+        decr_every_n_nan_or_inf: int = 1,
+        use_dynamic_loss_scaling: bool = True,
+        *,
+        policy: str = "interval",
+        min_loss_scaling: float = 1.0,
+        max_loss_scaling: float | None = None,
+        place: Any = None,
+        stuck_after: int | None = None,
+        on_stuck: OnStuck = "warn",
+        report_overflows: Any = False,
+        group: Any = None,
+        sync_found_inf: bool = True,
+    ) -> None:
+        super().__init__(
+            enable,
+            init_loss_scaling,
+            incr_ratio,
+            decr_ratio,
+            incr_every_n_steps,
+            decr_every_n_nan_or_inf,
+            use_dynamic_loss_scaling,
+            policy=policy,
+            min_loss_scaling=min_loss_scaling,
+            max_loss_scaling=max_loss_scaling,
+            place=place,
+            stuck_after=stuck_after,
+            on_stuck=on_stuck,
+            report_overflows=report_overflows,
+            group=group,
+            sync_found_inf=sync_found_inf,
+        )
 
     def step(self, optimizer: Any) -> None:
         """Unscale (unless done), then ``optimizer.step()`` unless inf/nan was found."""

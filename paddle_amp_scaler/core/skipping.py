@@ -3,6 +3,8 @@
 A skipped step must leave every parameter and optimizer accumulator bit for bit as it
 was, and the scaler must not wait for the device to decide. ``choose`` picks one of
 four ways, once per optimizer and iteration, the first that applies; each says why.
+Each step also says what it learnt of the verdict on the host at no cost of its own,
+which lets the scaler apply its rule there (``loss_scale.py``).
 """
 
 from __future__ import annotations
@@ -10,16 +12,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Optional
 
 import paddle
 from paddle import Tensor
 
-from . import optimizers
-from .verdict import Verdict
-
-if TYPE_CHECKING:
-    from .unscale_paths import UnscalePath
+from . import kernels, optimizers
+from .kernels import Verdict
 
 logger = logging.getLogger("paddle_amp_scaler")
 
@@ -33,10 +32,15 @@ _CLIPS_THAT_KEEP_ZERO = (
 )
 
 
+# What a strategy's step returns: the step's result (or SKIPPED), and the verdict as a
+# host bool where the step came to know it, else None.
+Stepped = tuple[Any, Optional[bool]]
+
+
 class Strategy:
     """Runs ``run_step`` so that it changes nothing when ``verdict`` found inf/nan."""
 
-    def step(self, run_step: Callable[[], Any], verdict: Verdict) -> Any:
+    def step(self, run_step: Callable[[], Any], verdict: Verdict) -> Stepped:
         raise NotImplementedError
 
 
@@ -45,8 +49,8 @@ class DecidedOnHost(Strategy):
     the optimizer, which then never reads a flag (on a CPU that spares it a read through
     ``Tensor.__bool__``)."""
 
-    def step(self, run_step: Callable[[], Any], verdict: Verdict) -> Any:
-        return SKIPPED if verdict.on_host else run_step()
+    def step(self, run_step: Callable[[], Any], verdict: Verdict) -> Stepped:
+        return (SKIPPED if verdict.on_host else run_step()), verdict.on_host
 
 
 @dataclasses.dataclass
@@ -55,29 +59,32 @@ class ZeroGradients(Strategy):
     gradients on the device when inf/nan was found makes its step ``p - lr * 0 == p``,
     with no read at all (``zero_grads_make_no_update`` says when)."""
 
-    path: UnscalePath
     optimizer: Any
     grads: list[Tensor | None]
 
-    def step(self, run_step: Callable[[], Any], verdict: Verdict) -> Any:
-        self.path.zero_if_found_(self.grads, verdict.flag)
+    def step(self, run_step: Callable[[], Any], verdict: Verdict) -> Stepped:
+        kernels.zero_if_found_(self.grads, verdict.flag)
         # A flag left over from another scaler would make Paddle read it.
         self.optimizer._set_auxiliary_var("found_inf", None)
-        return run_step()
+        return run_step(), None
 
 
 @dataclasses.dataclass
 class OptimizerReadsFlag(Strategy):
     """Paddle's optimizers take the flag (``_set_auxiliary_var``) and skip their update
     when it is set, reading it once per step, as under Paddle's own scaler; a wrapper
-    takes it through the Paddle optimizer it drives."""
+    takes it through the Paddle optimizer it drives. Having read it, Paddle's optimizers
+    leave it behind as a Python bool: the verdict on the host, free."""
 
     taker: Any
 
-    def step(self, run_step: Callable[[], Any], verdict: Verdict) -> Any:
+    def step(self, run_step: Callable[[], Any], verdict: Verdict) -> Stepped:
         self.taker._set_auxiliary_var("found_inf", verdict.flag)
         try:
-            return run_step()
+            result = run_step()
+            read_back = getattr(self.taker, "_get_auxiliary_var", None)
+            left = read_back("found_inf") if read_back is not None else None
+            return result, left if isinstance(left, bool) else None
         finally:
             # Left set, the flag would also skip a later step made without the scaler.
             self.taker._set_auxiliary_var("found_inf", None)
@@ -87,26 +94,25 @@ class ReadOnHost(Strategy):
     """An optimizer that takes no flag, not even through an inner Paddle optimizer: the
     scaler reads the flag itself before the step, the one host read API.md allows."""
 
-    def step(self, run_step: Callable[[], Any], verdict: Verdict) -> Any:
-        return SKIPPED if bool(verdict.flag) else run_step()
+    def step(self, run_step: Callable[[], Any], verdict: Verdict) -> Stepped:
+        found = bool(verdict.flag)
+        return (SKIPPED if found else run_step()), found
 
 
 def choose(
-    path: UnscalePath,
     optimizer: Any,
     verdict: Verdict,
     params: list[Any] | None,
     grads: list[Tensor | None] | None,
 ) -> Strategy:
     """The way to skip ``optimizer``'s step on ``verdict``; ``params`` and ``grads`` are
-    what was unscaled and checked (None where a replaced ``_unscale`` did that), on the
-    scaler's unscale ``path``."""
+    what was unscaled and checked (None where a replaced ``_unscale`` did that)."""
     if verdict.on_host is not None:
         return DecidedOnHost()
     if zero_grads_make_no_update(optimizer, params):
         if grads is None:
             grads = optimizers.grads_of(optimizers.parameters_of(optimizer))
-        return ZeroGradients(path, optimizer, grads)
+        return ZeroGradients(optimizer, grads)
     taker = flag_taker(optimizer)
     if taker is not None:
         return OptimizerReadsFlag(taker)

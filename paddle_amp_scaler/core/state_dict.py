@@ -8,13 +8,17 @@ whole before anything is loaded, so that a bad dict changes nothing.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 import paddle
 
-from . import rule, validation
+from . import validation
+from .interval import IntervalRule, Memory
+from .limits import INT32_MAX
+from .rules import RULES, rule_named
 from .statistics import ScalerStats, parse_stats_state
 
 
@@ -33,10 +37,69 @@ class SavedScaler:
     # Not in Paddle's or PyTorch's dicts: None there, and the scaler keeps its own.
     bounds: tuple[float, float | None] | None = None
     stats: ScalerStats | None = None
-    # Written for the headroom policy only, with its memory (HEADROOM_KEYS); a dict
-    # without them keeps the scaler's policy, and its memory starts afresh.
+    # The rule's name and its memory beyond the scale and counters, written for a rule
+    # that has such memory (the headroom policy's); a dict without them keeps the
+    # scaler's rule, and its memory starts afresh.
     policy: str | None = None
-    headroom: dict[str, Any] | None = None
+    memory: dict[str, Any] | None = None
+
+    @classmethod
+    def of(
+        cls, rule: IntervalRule, memory: Memory, stats: ScalerStats, dynamic: bool
+    ) -> SavedScaler:
+        """What a scaler under ``rule`` with ``memory`` and ``stats`` saves."""
+        return cls(
+            scale=float(memory.scale),
+            incr_ratio=rule.incr_ratio,
+            decr_ratio=rule.decr_ratio,
+            incr_every_n_steps=rule.incr_every_n_steps,
+            decr_every_n_nan_or_inf=rule.decr_every_n_nan_or_inf,
+            incr_count=memory.incr_count,
+            decr_count=memory.decr_count,
+            use_dynamic_loss_scaling=dynamic,
+            bounds=(rule.min_scale, rule.max_scale),
+            stats=stats,
+            policy=rule.name,
+            memory=rule.memory_to_state(memory),
+        )
+
+    def rule_over(self, current: IntervalRule) -> IntervalRule:
+        """The rule this record describes, for a scaler under ``current``: the saved
+        settings and bounds (the current bounds where none were saved), of the saved
+        rule's type where the dict names one, else of the current one's."""
+        rule_type = type(current) if self.policy is None else RULES[self.policy]
+        lower, upper = self.bounds or (current.min_scale, current.max_scale)
+        settings = {
+            field.name: getattr(current, field.name) for field in dataclasses.fields(current)
+        }
+        settings.update(
+            incr_ratio=self.incr_ratio,
+            decr_ratio=self.decr_ratio,
+            incr_every_n_steps=self.incr_every_n_steps,
+            decr_every_n_nan_or_inf=self.decr_every_n_nan_or_inf,
+            min_scale=lower,
+            max_scale=upper,
+        )
+        return rule_type(**settings)
+
+    def scale_within(self, lower: float, upper: float | None) -> float:
+        """The saved scale, clamped into the bounds, with a warning if that changed it."""
+        clamped = max(self.scale, lower) if upper is None else min(max(self.scale, lower), upper)
+        if clamped != self.scale:
+            warnings.warn(
+                f"the loaded scale {self.scale!r} lies outside min_loss_scaling={lower!r} and "
+                f"max_loss_scaling={upper!r}; it is clamped to {clamped!r}",
+                UserWarning,
+                stacklevel=4,
+            )
+        return clamped
+
+    def memory_at(self, rule: IntervalRule, scale: float) -> Memory:
+        """The saved memory for ``rule``, at ``scale``; the rule's memory starts afresh
+        where the dict has none of its own."""
+        return rule.memory_type(
+            np.float32(scale), self.incr_count, self.decr_count, **(self.memory or {})
+        )
 
     def to_paddle_dict(self) -> dict[str, Any]:
         fields = {key: getattr(self, key) for key in PADDLE_KEYS}
@@ -45,9 +108,10 @@ class SavedScaler:
             fields["min_loss_scaling"], fields["max_loss_scaling"] = self.bounds
         if self.stats is not None:
             fields["stats"] = self.stats.to_state()
-        if self.policy is not None and self.policy != "interval":
+        state_key = None if self.policy is None else RULES[self.policy].state_key
+        if state_key is not None:
             fields["policy"] = self.policy
-            fields["headroom"] = dict(self.headroom or {})
+            fields[state_key] = dict(self.memory or {})
         return fields
 
 
@@ -103,8 +167,9 @@ def parse_state_dict(state_dict: Mapping[str, Any]) -> SavedScaler:
     incr_every_n_steps = checked("incr_every_n_steps", validation.check_period)
     decr_every_n_nan_or_inf = checked("decr_every_n_nan_or_inf", validation.check_period)
     policy = _policy_in(state_dict)
-    # The headroom policy counts finite iterations past the period between two looks.
-    counted_up_to = _INT32_MAX if policy == "headroom" else incr_every_n_steps
+    rule = RULES[policy or "interval"](incr_every_n_steps=incr_every_n_steps)
+    # A rule that does not grow by the counters counts finite iterations past the period.
+    counted_up_to = rule.grows_every or INT32_MAX
     return SavedScaler(
         scale=checked("scale", _check_scale_value),
         incr_ratio=checked("incr_ratio", validation.check_incr_ratio),
@@ -125,58 +190,31 @@ def parse_state_dict(state_dict: Mapping[str, Any]) -> SavedScaler:
             else None
         ),
         policy=policy,
-        headroom=_headroom_in(state_dict),
+        memory=_memory_in(state_dict, policy),
     )
 
 
-# The headroom policy's memory in a state dict (rule.LossScaleState's fields).
-HEADROOM_KEYS = ("margin", "margin_at", "anchor", "grown_at", "amax")
-_INT32_MAX = 2**31 - 1
-
-
 def _policy_in(state_dict: Mapping[str, Any]) -> str | None:
-    if "policy" not in state_dict:
-        if "headroom" in state_dict:
-            raise ValueError("state_dict has 'headroom' but is missing the key 'policy'")
+    if "policy" in state_dict:
+        try:
+            return rule_named(state_dict["policy"], "state_dict['policy']").name
+        except TypeError as error:
+            raise ValueError(str(error)) from None
+    for rule in RULES.values():
+        if rule.state_key is not None and rule.state_key in state_dict:
+            raise ValueError(f"state_dict has {rule.state_key!r} but is missing the key 'policy'")
+    return None
+
+
+def _memory_in(state_dict: Mapping[str, Any], policy: str | None) -> dict[str, Any] | None:
+    rule = None if policy is None else RULES[policy]
+    if rule is None or rule.state_key is None:
         return None
+    name = f"state_dict[{rule.state_key!r}]"
     try:
-        return validation.check_policy(state_dict["policy"], "state_dict['policy']")
+        return rule.memory_from_state(state_dict.get(rule.state_key), name)
     except TypeError as error:
         raise ValueError(str(error)) from None
-
-
-def _headroom_in(state_dict: Mapping[str, Any]) -> dict[str, Any] | None:
-    if state_dict.get("policy") != "headroom":
-        return None
-    memory = state_dict.get("headroom")
-    name = "state_dict['headroom']"
-    if not isinstance(memory, Mapping) or set(memory) != set(HEADROOM_KEYS):
-        raise ValueError(f"{name} must be a dict with the keys {sorted(HEADROOM_KEYS)}")
-    margin, margin_at, grown_at = memory["margin"], memory["margin_at"], memory["grown_at"]
-    for key, value in (("margin", margin), ("margin_at", margin_at), ("grown_at", grown_at)):
-        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-            raise ValueError(f"{name}[{key!r}] must be an int, got {value!r}")
-    if not rule.MIN_MARGIN <= margin <= rule.MAX_MARGIN:
-        raise ValueError(
-            f"{name}['margin'] must lie within {rule.MIN_MARGIN} and {rule.MAX_MARGIN}, "
-            f"got {margin!r}"
-        )
-    numbers = {}
-    for key in ("anchor", "amax"):
-        value = memory[key]
-        if (
-            isinstance(value, (bool, np.bool_))
-            or not isinstance(value, (int, float, np.integer, np.floating))
-            or not 0 <= value <= rule.FLOAT32_MAX
-        ):
-            raise ValueError(f"{name}[{key!r}] must be a finite number >= 0, got {value!r}")
-        numbers[key] = float(value)
-    return {
-        "margin": int(margin),
-        "margin_at": int(margin_at),
-        "grown_at": int(grown_at),
-        **numbers,
-    }
 
 
 def _bounds_in(state_dict: Mapping[str, Any]) -> tuple[float, float | None] | None:

@@ -8,19 +8,13 @@ ones, finite ones since the last skip, growths and back-offs (``RunStatistics``)
 from __future__ import annotations
 
 import dataclasses
-import math
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import numpy as np
 import paddle
 from paddle import Tensor
 
+from . import validation
 from .pickling import TensorsOnHost
-from .rule import FLOAT16_MAX
-
-if TYPE_CHECKING:
-    from .unscale_paths import UnscalePath
 
 # The device counts, in order. "since_skip" counts iterations since the last skipped one,
 # which gives the last skipped iteration without knowing its number on the device.
@@ -65,26 +59,20 @@ class ScalerStats:
         return state
 
 
-def headroom_bits(amax: float) -> float | None:
-    """log2(FLOAT16_MAX / amax), None for no amax yet (0)."""
-    return math.log2(FLOAT16_MAX / amax) if amax > 0 else None
-
-
 _STATE_FIELDS = ("iterations", "skipped", "skip_streak", "last_skipped", "growths", "backoffs")
 
 
 def parse_stats_state(value: Any, name: str) -> ScalerStats:
     """A ``to_state()`` dict, checked for consistency; ValueError naming ``name``."""
-    if not isinstance(value, Mapping) or set(value) != set(_STATE_FIELDS):
-        raise ValueError(f"{name} must be a dict with the keys {sorted(_STATE_FIELDS)}")
+    validation.check_keys(value, name, _STATE_FIELDS)
     counts = {}
     for field in _STATE_FIELDS:
-        count = value[field]
-        if isinstance(count, (bool, np.bool_)) or not isinstance(count, (int, np.integer)):
-            raise ValueError(f"{name}[{field!r}] must be an int, got {count!r}")
-        if count < 0:
-            raise ValueError(f"{name}[{field!r}] must be >= 0, got {count!r}")
-        counts[field] = int(count)
+        try:
+            counts[field] = validation.check_int_within(
+                value[field], f"{name}[{field!r}]", 0, 2**63 - 1
+            )
+        except TypeError as error:
+            raise ValueError(str(error)) from None
     iterations, skipped, streak, last = (
         counts["iterations"],
         counts["skipped"],
@@ -111,38 +99,29 @@ def parse_stats_state(value: Any, name: str) -> ScalerStats:
     )
 
 
-# Iterations kept at most before they are counted, on a device that counts in batches.
+# Iterations kept at most before they are counted.
 _FOLD_EVERY = 128
 
 
 class RunStatistics(TensorsOnHost):
-    """The counts behind ``ScalerStats``, on the device: an int64 [5] tensor of ``_COUNTS``,
+    """The counts behind ``ScalerStats``: an int64 [5] tensor of ``_COUNTS`` on the device,
     and the number of iterations on the host.
 
-    An iteration counts from two facts: its verdict, and whether the update rule fired
-    (as the unscale path's form of the rule says; a fixed scale never fires). On a path
-    that counts in place (the compiled CPU module) each iteration is counted as it ends.
-    Elsewhere an iteration keeps its two flags, and every 128 iterations, or before a
-    read, ``count_pending`` adds them up in a dozen operations.
+    An iteration counts from two facts: its verdict, and whether the update rule acted
+    (a fixed scale never does), each a host bool where the scaler knew it at no cost or a
+    bool [1] tensor. Iterations are kept as they come, and every 128 iterations, or before
+    a read, ``count_pending`` adds them up in a dozen operations.
     """
 
-    def __init__(self, path: UnscalePath, place: Any) -> None:
-        self._counts = paddle.to_tensor([0] * len(_COUNTS), dtype=paddle.int64, place=place)
-        self._path = path
-        self._never_fired = paddle.to_tensor([False], place=place)
-        self._pending: list[tuple[Tensor, Tensor]] = []
+    def __init__(self, place: Any) -> None:
+        self.counts = paddle.to_tensor([0] * len(_COUNTS), dtype=paddle.int64, place=place)
+        self._pending: list[tuple[bool | Tensor, bool | Tensor]] = []
         self.iterations = 0
 
-    def record(self, found: Tensor, fired: Tensor | None) -> None:
-        """Count one iteration from its verdict ``found`` and whether the rule ``fired``
-        (bool [1] tensors; None: a fixed scale, which never fires); nothing is read."""
+    def record(self, found: bool | Tensor, acted: bool | Tensor) -> None:
+        """Count one iteration from its verdict and whether the rule acted; nothing is read."""
         self.iterations += 1
-        fired = self._never_fired if fired is None else fired
-        count_in_place = self._path.count_iteration_
-        if count_in_place is not None:
-            count_in_place(self._counts, found, fired)
-            return
-        self._pending.append((found, fired))
+        self._pending.append((found, acted))
         if len(self._pending) == _FOLD_EVERY:
             self.count_pending()
 
@@ -152,14 +131,14 @@ class RunStatistics(TensorsOnHost):
         if not pending:
             return
         n = len(pending)
-        skipped = paddle.concat([found for found, _ in pending]).astype(paddle.int64)
-        fired = paddle.concat([fired for _, fired in pending]).astype(paddle.int64)
+        skipped = self._column([found for found, _ in pending])
+        fired = self._column([acted for _, acted in pending])
         # 1-based positions of the last skipped and the last finite iteration, 0 if none.
         positions = paddle.arange(1, n + 1, dtype=paddle.int64)
         last_skip = (skipped * positions).max()
         last_finite = ((1 - skipped) * positions).max()
-        counts = self._counts
-        self._counts = paddle.stack(
+        counts = self.counts
+        self.counts = paddle.stack(
             [
                 counts[0] + skipped.sum(),
                 # A streak that ran through every kept iteration continues the old one.
@@ -170,30 +149,34 @@ class RunStatistics(TensorsOnHost):
             ]
         )
 
-    def read(self, scale: Tensor, amax: Tensor | None = None) -> ScalerStats:
-        """The counts, ``scale`` and, for the headroom policy, the ``amax`` of the last
-        finite measured iteration (0: none yet), in one read of the device."""
-        self.count_pending()
-        extra = [scale] if amax is None else [scale, amax]
-        values = paddle.concat(
-            [self._counts.astype(paddle.float64), *(x.astype(paddle.float64) for x in extra)]
-        )
-        skipped, streak, since_skip, growths, backoffs, current, *measured = values.numpy().tolist()
-        last = self.iterations - int(since_skip) if skipped else None
+    def _column(self, flags: list[bool | Tensor]) -> Tensor:
+        """``flags`` as one int64 tensor: each run of host bools in one operation."""
+        pieces: list[Tensor] = []
+        run: list[bool] = []
+        for flag in [*flags, None]:
+            if isinstance(flag, bool):
+                run.append(flag)
+                continue
+            if run:
+                pieces.append(paddle.to_tensor(run, dtype=paddle.bool, place=self.counts.place))
+                run = []
+            if flag is not None:
+                pieces.append(flag)
+        column = pieces[0] if len(pieces) == 1 else paddle.concat(pieces)
+        return column.astype(paddle.int64)
+
+    def stats(self, counts: list[float], scale: float, headroom_bits: float | None) -> ScalerStats:
+        """The ``ScalerStats`` of ``counts``, the values of ``self.counts`` read after
+        ``count_pending``."""
+        skipped, streak, since_skip, growths, backoffs = (int(count) for count in counts)
+        last = self.iterations - since_skip if skipped else None
         return ScalerStats(
-            self.iterations,
-            int(skipped),
-            int(streak),
-            last,
-            int(growths),
-            int(backoffs),
-            float(current),
-            headroom_bits(measured[0]) if measured else None,
+            self.iterations, skipped, streak, last, growths, backoffs, scale, headroom_bits
         )
 
     def load(self, stats: ScalerStats) -> None:
         self._pending = []
         since_skip = 0 if stats.last_skipped is None else stats.iterations - stats.last_skipped
         counts = [stats.skipped, stats.skip_streak, since_skip, stats.growths, stats.backoffs]
-        self._counts = paddle.to_tensor(counts, dtype=paddle.int64, place=self._counts.place)
+        self.counts = paddle.to_tensor(counts, dtype=paddle.int64, place=self.counts.place)
         self.iterations = stats.iterations

@@ -11,9 +11,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any, Union
 
-import numpy as np
-
-from . import distributed
+from . import distributed, validation
 from .statistics import RunStatistics, ScalerStats
 
 # How many iterations the stuck policy lets pass between two reads of the streak.
@@ -41,17 +39,7 @@ class StuckPolicy:
     """
 
     def __init__(self, stuck_after: int | None, on_stuck: OnStuck) -> None:
-        if stuck_after is not None and (
-            isinstance(stuck_after, (bool, np.bool_)) or not isinstance(stuck_after, int)
-        ):
-            raise TypeError(f"stuck_after must be None or an int, got {stuck_after!r}")
-        if stuck_after is not None and stuck_after < 1:
-            raise ValueError(f"stuck_after must be None or an int >= 1, got {stuck_after!r}")
-        if not (on_stuck in ("warn", "raise") or callable(on_stuck)):
-            raise ValueError(
-                f'on_stuck must be "warn", "raise" or a callable taking ScalerStats, '
-                f"got {on_stuck!r}"
-            )
+        validation.check_stuck_policy(stuck_after, on_stuck)
         self.stuck_after = stuck_after
         self.on_stuck = on_stuck
         self.check_interval = None if stuck_after is None else min(stuck_after, _MAX_CHECK_INTERVAL)

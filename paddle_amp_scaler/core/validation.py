@@ -11,18 +11,12 @@ import functools
 import inspect
 import math
 import numbers
-import types
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar, cast
 
 import numpy as np
 
-from .rule import POLICIES
-
-# The kernels take the step periods as C int attributes.
-_INT32_MAX = 2**31 - 1
-# The device keeps the scale in float32.
-_FLOAT32_MAX = float(np.finfo(np.float32).max)
+from .limits import FLOAT32_MAX, INT32_MAX
 
 
 def _real(value: Any, name: str) -> float:
@@ -52,7 +46,7 @@ def check_bool(value: Any, name: str) -> bool:
 def check_scale(value: Any, name: str) -> float:
     """A loss scale: positive and finite in float32, where the device keeps it."""
     scale = _real(value, name)
-    if not 0 < scale <= _FLOAT32_MAX:
+    if not 0 < scale <= FLOAT32_MAX:
         raise ValueError(f"{name} must be a positive number that fits in float32, got {value!r}")
     return scale
 
@@ -76,9 +70,26 @@ def check_period(value: Any, name: str, *, integral_float: bool = False) -> int:
     ``integral_float``, a whole float such as 2.0 too (Paddle's and tf-keras' scalers
     take one), returned as an int."""
     period = _integer(value, name, integral_float)
-    if not 1 <= period <= _INT32_MAX:
+    if not 1 <= period <= INT32_MAX:
         raise ValueError(f"{name} must be an int >= 1 (and < 2**31), got {value!r}")
     return period
+
+
+def check_rule_settings(
+    incr_ratio: Any, decr_ratio: Any, incr_every_n_steps: Any, decr_every_n_nan_or_inf: Any
+) -> dict[str, Any]:
+    """Paddle's four arguments of a dynamic rule, as a rule's settings. Paddle's scaler
+    takes the periods unchecked, so code may give 1000.0."""
+    return {
+        "incr_ratio": check_incr_ratio(incr_ratio),
+        "decr_ratio": check_decr_ratio(decr_ratio),
+        "incr_every_n_steps": check_period(
+            incr_every_n_steps, "incr_every_n_steps", integral_float=True
+        ),
+        "decr_every_n_nan_or_inf": check_period(
+            decr_every_n_nan_or_inf, "decr_every_n_nan_or_inf", integral_float=True
+        ),
+    }
 
 
 def check_count(value: Any, name: str, period: int, period_name: str) -> int:
@@ -91,11 +102,68 @@ def check_count(value: Any, name: str, period: int, period_name: str) -> int:
     return count
 
 
-def check_policy(value: Any, name: str = "policy") -> str:
-    """How the dynamic scale moves: one of ``rule.POLICIES``."""
-    if not isinstance(value, str) or value not in POLICIES:
-        accepted = " or ".join(repr(policy) for policy in POLICIES)
+def check_choice(value: Any, name: str, choices: Sequence[str]) -> str:
+    """One of ``choices`` (the policies a scaler is built with, say)."""
+    if not isinstance(value, str) or value not in choices:
+        accepted = " or ".join(repr(choice) for choice in choices)
         raise ValueError(f"{name} must be {accepted}, got {value!r}")
+    return value
+
+
+def check_keys(value: Any, name: str, keys: Sequence[str]) -> Mapping[str, Any]:
+    """A saved dict with exactly ``keys``."""
+    if not isinstance(value, Mapping) or set(value) != set(keys):
+        raise ValueError(f"{name} must be a dict with the keys {sorted(keys)}")
+    return value
+
+
+def check_int_within(value: Any, name: str, lower: int, upper: int) -> int:
+    """An int from ``lower`` to ``upper``."""
+    whole = _integer(value, name)
+    if not lower <= whole <= upper:
+        raise ValueError(f"{name} must be an int from {lower} to {upper}, got {value!r}")
+    return whole
+
+
+def check_number_within(value: Any, name: str, lower: float, upper: float) -> float:
+    """A real number from ``lower`` to ``upper``."""
+    number = _real(value, name)
+    if not lower <= number <= upper:
+        raise ValueError(f"{name} must be a number from {lower!r} to {upper!r}, got {value!r}")
+    return number
+
+
+def check_stuck_policy(stuck_after: Any, on_stuck: Any) -> None:
+    """``stuck_after`` (None or an int >= 1) and ``on_stuck`` ("warn", "raise" or a
+    callable taking ``ScalerStats``)."""
+    if stuck_after is not None:
+        if isinstance(stuck_after, (bool, np.bool_)) or not isinstance(stuck_after, int):
+            raise TypeError(f"stuck_after must be None or an int, got {stuck_after!r}")
+        if stuck_after < 1:
+            raise ValueError(f"stuck_after must be None or an int >= 1, got {stuck_after!r}")
+    if not (on_stuck in ("warn", "raise") or callable(on_stuck)):
+        raise ValueError(
+            f'on_stuck must be "warn", "raise" or a callable taking ScalerStats, got {on_stuck!r}'
+        )
+
+
+def check_report_overflows(value: Any) -> Any:
+    """False, True, or a model whose ``named_parameters()`` name the report's gradients."""
+    if isinstance(value, (bool, np.bool_)) or callable(getattr(value, "named_parameters", None)):
+        return value
+    raise TypeError(
+        "report_overflows must be a bool, or the model (a paddle.nn.Layer) whose parameter "
+        f"names the report and its log lines should use, got {value!r}"
+    )
+
+
+def check_group(value: Any, group_type: type) -> Any:
+    """None, or a ``paddle.distributed`` group (``group_type``)."""
+    if value is not None and not isinstance(value, group_type):
+        raise TypeError(
+            "group must be None or a paddle.distributed group (from "
+            f"paddle.distributed.new_group), got {type(value).__name__}"
+        )
     return value
 
 
@@ -205,44 +273,3 @@ def keywords_checked(init: _Init) -> _Init:
         init(self, *args, **kwargs)
 
     return cast(_Init, init_with_known_keywords)
-
-
-_Class = TypeVar("_Class", bound=type)
-
-
-def with_defaults(**defaults: Any) -> Callable[[_Class], _Class]:
-    """Decorate a subclass so that its constructor is its base's (one made by
-    ``keywords_checked``) with other default values for the named arguments: two classes
-    share one signature, written once, and ``help()`` and ``inspect.signature`` show each
-    class's own defaults."""
-
-    def apply(cls: _Class) -> _Class:
-        plain = inspect.unwrap(cls.__init__)  # type: ignore[misc]
-        code = plain.__code__
-        positional_defaults = plain.__defaults__ or ()
-        first_with_default = code.co_argcount - len(positional_defaults)
-        with_default = code.co_varnames[first_with_default : code.co_argcount]
-        keyword_only = keyword_names(plain, keyword_only=True)
-        unknown = sorted(set(defaults) - set(with_default) - set(keyword_only))
-        if unknown:
-            raise TypeError(f"{plain.__qualname__} has no argument with a default: {unknown}")
-        init = types.FunctionType(
-            code,
-            plain.__globals__,
-            plain.__name__,
-            tuple(
-                defaults.get(name, value) for name, value in zip(with_default, positional_defaults)
-            ),
-            plain.__closure__,
-        )
-        init.__kwdefaults__ = {
-            **(plain.__kwdefaults__ or {}),
-            **{name: value for name, value in defaults.items() if name in keyword_only},
-        }
-        init.__annotations__ = dict(plain.__annotations__)
-        init.__doc__, init.__module__ = plain.__doc__, cls.__module__
-        init.__qualname__ = f"{cls.__qualname__}.__init__"
-        cls.__init__ = keywords_checked(init)  # type: ignore[misc]
-        return cls
-
-    return apply

@@ -1,0 +1,209 @@
+"""Paddle's loss-scaling rule as a type: ``IntervalRule``, and ``Memory``, what a rule
+remembers between iterations.
+
+A rule is a frozen value holding its settings; its memory is apart from them, in the
+host numbers of ``Memory`` or the same fields as device tensors. Each rule has two forms
+written next to each other, with the same names and the same direction of every
+comparison: ``adjust``, the pure transition on host numbers, which is the
+specification; and ``adjust_``, the same transition on the device tensors, in place,
+with no read. The tests hold the second to the first on long random sequences, and the
+first to worked examples and to Paddle's own scaler.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, ClassVar
+
+import numpy as np
+import paddle
+from paddle import Tensor
+
+from . import kernels
+from .limits import FLOAT32_MAX, INT32_MAX
+
+
+@dataclasses.dataclass(frozen=True)
+class Memory:
+    """What a rule remembers between iterations: the scale and its two streak counters.
+
+    On the host the scale is a ``numpy.float32``, as the device holds it, and every
+    product of the rule is rounded as the device rounds it; a Python float keeps Python's
+    arithmetic (MindSpore's managers keep theirs so). On the device each field is a [1]
+    tensor: float32 for the fields in ``FLOATS``, int32 for the others.
+    """
+
+    FLOATS: ClassVar[tuple[str, ...]] = ("scale",)
+
+    scale: Any
+    incr_count: Any = 0
+    decr_count: Any = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class IntervalRule:
+    """Paddle's rule, and PyTorch's, Keras' and MindSpore's: grow after a run of finite
+    iterations, back off after a run of iterations with inf/nan::
+
+        if found:
+            incr_count = 0; decr_count += 1
+            if decr_count == decr_every_n_nan_or_inf:        # back off
+                scale = max(scale * decr_ratio, min_scale); decr_count = 0
+        else:
+            decr_count = 0; incr_count += 1
+            if incr_count == incr_every_n_steps:             # grow
+                if scale * incr_ratio is finite:
+                    scale = min(scale * incr_ratio, max_scale)
+                incr_count = 0
+
+    It is blind to the gradients: it grows every period whatever they hold.
+
+    Args:
+        incr_ratio: the factor of a growth.
+        decr_ratio: the factor of a back-off.
+        incr_every_n_steps: finite iterations in a row before a growth.
+        decr_every_n_nan_or_inf: iterations with inf/nan in a row before a back-off.
+        min_scale: the scale never falls below it.
+        max_scale: the scale never grows above it; None: no bound but float32's range.
+        backoff_divisor: back off by dividing by it rather than multiplying by
+            ``decr_ratio``, as MindSpore's ``amp.DynamicLossScaler`` does
+            (``scale / 3`` and ``scale * float32(1 / 3)`` differ in the last bit).
+    """
+
+    # The name a scaler is built with (``policy=``) and a state dict carries.
+    name: ClassVar[str] = "interval"
+    memory_type: ClassVar[type[Memory]] = Memory
+    # The state-dict key of the memory beyond the scale and its counters (None: none).
+    state_key: ClassVar[str | None] = None
+
+    incr_ratio: float = 2.0
+    decr_ratio: float = 0.5
+    incr_every_n_steps: int = 1000
+    decr_every_n_nan_or_inf: int = 1
+    min_scale: float = 1.0
+    max_scale: float | None = None
+    backoff_divisor: float | None = None
+
+    @property
+    def grows_every(self) -> int | None:
+        """Finite iterations in a row after which the counters grow the scale; None where
+        another step of the rule decides when to grow."""
+        return self.incr_every_n_steps
+
+    def measures(self, iteration: int) -> bool:
+        """Whether the rule wants the gradients' amax in ``iteration`` (1-based)."""
+        return False
+
+    def headroom_bits(self, memory: Memory) -> float | None:
+        """What ``ScalerStats.headroom_bits`` shows: None for a rule that does not measure."""
+        return None
+
+    def count(self, incr_count: int, decr_count: int, found: bool) -> tuple[int, int, bool]:
+        """The streak counters after an iteration, and whether the rule acts in it (grows
+        or backs off). They follow from the verdicts alone, never from the scale, so
+        that a scaler can keep them on the host while the verdicts reach it there."""
+        if found:
+            decr_count += 1
+            acts = decr_count == self.decr_every_n_nan_or_inf
+            return 0, 0 if acts else decr_count, acts
+        incr_count += 1
+        acts = incr_count == self.grows_every
+        return 0 if acts else incr_count, 0, acts
+
+    # -- the pure form ----------------------------------------------------------------
+
+    def adjust(
+        self, memory: Memory, found: bool, amax: float | None = None, iteration: int = 0
+    ) -> tuple[Memory, bool]:
+        """The memory after one iteration whose gradients held inf/nan (``found``) or not,
+        and whether the rule acted: grew or backed off, even where a bound held the scale
+        or float32's limit refused the growth. ``amax`` and ``iteration`` (1-based) are
+        for rules that measure the gradients; this one takes neither into account."""
+        incr_count, decr_count, acts = self.count(memory.incr_count, memory.decr_count, found)
+        scale = memory.scale
+        if acts:
+            scale = self.backed_off(scale) if found else self.grown(scale)
+        moved = dataclasses.replace(
+            memory, scale=scale, incr_count=incr_count, decr_count=decr_count
+        )
+        return moved, acts
+
+    def backed_off(self, scale: Any) -> Any:
+        """``scale`` after a back-off, in its own precision, at least ``min_scale``."""
+        if self.backoff_divisor is None:
+            lowered = _times(scale, self.decr_ratio)
+        else:
+            lowered = scale / type(scale)(self.backoff_divisor)
+        return max(lowered, type(scale)(self.min_scale))
+
+    def grown(self, scale: Any) -> Any:
+        """``scale`` after a growth, in its own precision: at most ``max_scale``, and
+        unchanged where the product overflows."""
+        grown = _times(scale, self.incr_ratio)
+        if not math.isfinite(grown):
+            return scale
+        return grown if self.max_scale is None else min(grown, type(scale)(self.max_scale))
+
+    # -- the device form ----------------------------------------------------------------
+
+    def adjust_(
+        self, memory: Memory, found: Tensor, amax: Tensor | None = None, iteration: int = 0
+    ) -> Tensor:
+        """``adjust`` on the device tensors of ``memory``, in place, from a bool [1]
+        verdict; returns whether the rule acted, a bool [1] tensor. Nothing is read."""
+        return self._count_and_move_(memory, found)
+
+    def _count_and_move_(self, memory: Memory, found: Tensor) -> Tensor:
+        """``count``, and a growth or back-off where it acts, in Paddle's
+        ``update_loss_scaling`` kernel. The kernel floors at 1.0 and multiplies: a lower
+        ``min_scale`` or a ``backoff_divisor`` redoes its back-off, a higher floor or a
+        ``max_scale`` clips after it (no operation for the default settings)."""
+        scale = memory.scale
+        redo_backoff = self.min_scale < 1.0 or self.backoff_divisor is not None
+        before = scale.clone() if redo_backoff else None
+        kernels.update_loss_scaling_(
+            found,
+            scale,
+            memory.incr_count,
+            memory.decr_count,
+            self.grows_every or INT32_MAX,
+            self.decr_every_n_nan_or_inf,
+            self.incr_ratio,
+            self.decr_ratio,
+        )
+        # The kernel reset the counter of the verdict's kind and left the other at 0: both
+        # are 0 exactly when it acted.
+        acted = paddle.equal(memory.incr_count, memory.decr_count)
+        if before is not None:
+            # Rare settings: readability over the handful of operations they cost.
+            backed_off = paddle.logical_and(found, memory.decr_count == 0)
+            if self.backoff_divisor is None:
+                lowered = before * self.decr_ratio
+            else:
+                lowered = before / paddle.full_like(before, self.backoff_divisor)
+            lowered = paddle.maximum(lowered, paddle.full_like(before, self.min_scale))
+            paddle.assign(paddle.where(backed_off, lowered, scale), output=scale)
+        if self.min_scale > 1.0 or self.max_scale is not None:
+            kernels.clip_(scale, self.min_scale, self.max_scale or FLOAT32_MAX)
+        return acted
+
+    # -- the state dict -------------------------------------------------------------------
+
+    def memory_to_state(self, memory: Memory) -> dict[str, Any]:
+        """The memory beyond the scale and its counters, as plain Python values for the
+        state dict's ``state_key`` entry."""
+        return {}
+
+    @classmethod
+    def memory_from_state(cls, value: Any, name: str) -> dict[str, Any]:
+        """``memory_to_state``'s dict, checked (``ValueError`` naming ``name``), as keyword
+        arguments of ``memory_type``."""
+        return {}
+
+
+def _times(value: Any, factor: float) -> Any:
+    """``value * factor`` in ``value``'s own precision: a float32 product overflows to inf
+    as it does on the device."""
+    with np.errstate(over="ignore"):
+        return value * type(value)(factor)

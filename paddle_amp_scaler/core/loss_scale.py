@@ -1,0 +1,163 @@
+"""``LossScale``: a rule and its memory on the device, moved once per iteration.
+
+The streak counters follow from the verdicts alone (``IntervalRule.count``). Paddle's
+optimizers read the found-inf flag they are handed and leave it behind as a Python bool,
+so in most training loops the verdict reaches the host at no cost of the scaler's. While
+it does, the counters are kept on the host, and the device is touched only in the
+iterations where the rule acts or measures: as with Paddle's own scaler, an iteration
+costs no device operation at all. A verdict known on the device only (plain SGD's skip
+by zeroing, MindSpore's ``adjust`` of a tensor) runs the rule's device form, counters
+included; the host learns them again at the next read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, cast
+
+import numpy as np
+import paddle
+from paddle import Tensor
+
+from . import kernels, validation
+from .interval import IntervalRule, Memory
+from .limits import FLOAT32_MAX
+from .pickling import TensorsOnHost
+
+
+class LossScale(TensorsOnHost):
+    """The scale under ``rule``, with the rule's memory as [1] tensors on ``place``.
+
+    ``memory.scale`` is always current; it is the tensor Paddle's trainers know as the
+    scaler's ``_scale``. The counters on the device may lag the host's copy
+    (``_counters``) until something asks for the tensors (``tensors``).
+    """
+
+    def __init__(self, rule: IntervalRule, scale: float, place: Any) -> None:
+        self.rule = rule
+        start = rule.memory_type(np.float32(scale))
+        self.memory = _on_device(start, place)
+        # The counters as the host knows them (None: the device alone knows them), and
+        # whether the device tensors hold them too.
+        self._counters: tuple[int, int] | None = (start.incr_count, start.decr_count)
+        self._counters_on_device = True
+
+    @property
+    def scale(self) -> Tensor:
+        return self.memory.scale
+
+    @scale.setter
+    def scale(self, scale: Tensor) -> None:
+        self.memory = dataclasses.replace(self.memory, scale=scale)
+
+    def advance(self, found: bool | Tensor, amax: Tensor | None, iteration: int) -> bool | Tensor:
+        """Move the memory by the rule after ``iteration`` (1-based), from its verdict
+        (a host bool, or a bool [1] tensor) and, where it was measured, its amax; return
+        whether the rule acted (grew or backed off), a bool or a bool [1] tensor."""
+        counted = None
+        if isinstance(found, bool) and self._counters is not None:
+            counted = self.rule.count(*self._counters, found)
+            incr_count, decr_count, acts = counted
+            if not acts and amax is None:
+                self._counters, self._counters_on_device = (incr_count, decr_count), False
+                return False
+        self._write_counters()
+        if isinstance(found, bool):
+            flag = paddle.full_like(self.memory.incr_count, found, dtype=paddle.bool)
+        else:
+            flag = found
+        acted = self.rule.adjust_(self.memory, flag, amax, iteration)
+        # The device form moved the counters as ``count`` did.
+        self._counters = None if counted is None else counted[:2]
+        if counted is not None and amax is None:
+            return counted[2]  # it acted: grew or backed off
+        return acted
+
+    def set_scale(self, scale: float | Tensor, name: str) -> float | Tensor:
+        """Set the scale: a number must lie within the rule's bounds (``ValueError`` naming
+        ``name``); a one-element tensor is clamped into them on the device, where checking
+        it would read it. Returns the number or tensor set."""
+        bounds = (self.rule.min_scale, self.rule.max_scale)
+        if not isinstance(scale, Tensor):
+            number = validation.check_within(validation.check_scale(scale, name), name, bounds)
+            self.memory.scale.fill_(number)
+            return number
+        if scale.size != 1 or not scale.is_floating_point():
+            raise ValueError(
+                f"{name} must be a float or a one-element floating-point Tensor, got a "
+                f"{scale.dtype} Tensor of shape {list(scale.shape)}"
+            )
+        paddle.assign(scale.detach().astype(paddle.float32).reshape([1]), output=self.scale)
+        kernels.clip_(self.scale, bounds[0], bounds[1] or FLOAT32_MAX)
+        return scale
+
+    def counters(self) -> tuple[int, int]:
+        """``incr_count`` and ``decr_count``: the host's copy, else one read."""
+        if self._counters is None:
+            self.read()
+        return cast(tuple[int, int], self._counters)
+
+    def tensors(self) -> Memory:
+        """The memory as its live device tensors, counters brought up to date: to show or
+        compute with, not to write (the setters write)."""
+        self._write_counters()
+        return self.memory
+
+    def read(self, *also: Tensor) -> tuple[Memory, list[float]]:
+        """The memory as host numbers, and the values of the one-element tensors ``also``,
+        in one read of the device."""
+        fields = [field.name for field in dataclasses.fields(self.memory)]
+        numbers = kernels.read_numbers(*(getattr(self.memory, name) for name in fields), *also)
+        values: dict[str, Any] = {
+            name: np.float32(number) if name in self.memory.FLOATS else int(number)
+            for name, number in zip(fields, numbers)
+        }
+        if self._counters is None:
+            self._counters = (values["incr_count"], values["decr_count"])
+        values["incr_count"], values["decr_count"] = self._counters
+        return self.rule.memory_type(**values), numbers[len(fields) :]
+
+    def load(self, rule: IntervalRule, memory: Memory) -> None:
+        """Take ``rule``, and write host numbers into the memory, in place (the scale
+        tensor stays the one Paddle's trainers may hold)."""
+        self.rule = rule
+        if type(memory) is not type(self.memory):
+            on_device = _on_device(memory, self.scale.place)
+            self.memory = dataclasses.replace(on_device, scale=self.scale)
+        for field in dataclasses.fields(memory):
+            value = getattr(memory, field.name)
+            number = float(value) if field.name in memory.FLOATS else int(value)
+            getattr(self.memory, field.name).fill_(number)
+        self._counters, self._counters_on_device = (memory.incr_count, memory.decr_count), True
+
+    def set_counters(self, incr_count: int | None = None, decr_count: int | None = None) -> None:
+        """Set either counter, or both (a read of the device where the host lost them)."""
+        incr, decr = self.counters()
+        self._counters = (
+            incr if incr_count is None else incr_count,
+            decr if decr_count is None else decr_count,
+        )
+        self._counters_on_device = False
+
+    def _write_counters(self) -> None:
+        if self._counters is None or self._counters_on_device:
+            return
+        incr_count, decr_count = self._counters
+        self.memory.incr_count.fill_(incr_count)
+        self.memory.decr_count.fill_(decr_count)
+        self._counters_on_device = True
+
+
+def _on_device(memory: Memory, place: Any) -> Memory:
+    """``memory`` as [1] tensors on ``place``: float32 for its ``FLOATS``, int32 else."""
+    return dataclasses.replace(
+        memory,
+        **{
+            field.name: paddle.to_tensor(
+                [getattr(memory, field.name)],
+                dtype="float32" if field.name in memory.FLOATS else "int32",
+                place=place,
+            )
+            for field in dataclasses.fields(memory)
+        },
+    )
