@@ -16,7 +16,7 @@ PROTOBUF_BEFORE_PADDLE_3_3 := "protobuf>=5.29,<7"
 PINS := $(if $(filter 2.6.% 3.0.% 3.1.% 3.2.%,$(PADDLE)),$(PROTOBUF_BEFORE_PADDLE_3_3))
 
 # Quiet but for one line a step and whatever goes wrong: pip's errors, a failed import.
-$(STAMP): pyproject.toml paddle_amp_scaler/core/fused_unscale.cc
+$(STAMP): pyproject.toml
 	@echo "setting up $(VENV): Paddle $(PADDLE), this package (editable) and its extras; about 2 minutes"
 	@$(PYTHON) -m venv $(VENV)
 	@$(PY) -m pip install --quiet --upgrade pip
@@ -25,8 +25,6 @@ $(STAMP): pyproject.toml paddle_amp_scaler/core/fused_unscale.cc
 	@# package": here that folder is the package. The filter matches that report alone.
 	@PYTHONWARNINGS="$${PYTHONWARNINGS:+$$PYTHONWARNINGS,}ignore:Editable installation" \
 		$(PY) -m pip install --quiet -e ".[cpu,test,examples,docs,integrations]" "paddlepaddle==$(PADDLE)" $(PINS)
-	@# Build the fused CPU kernel now (about 15 s, cached) rather than at the first step.
-	@$(PY) -c "from paddle_amp_scaler import kernels; print('unscale paths:', kernels.unscale_paths())"
 	@# matplotlib builds its font cache on first use and, past 5 s, says so on the demo's
 	@# terminal: build it now, with that note (a logged warning) held back; errors still show.
 	@$(PY) -c "import logging; logging.getLogger('matplotlib').setLevel(logging.ERROR); import matplotlib.font_manager"
@@ -36,11 +34,9 @@ $(STAMP): pyproject.toml paddle_amp_scaler/core/fused_unscale.cc
 demo: $(STAMP)
 	$(PY) examples/train_digits.py
 
-# The suite twice: on this CPU's compiled helper, then on Paddle's kernels (the path a GPU
-# takes), leaving out the tests of the compiled helper itself.
+# The whole suite, on Paddle's kernels: the path every device takes, a CPU's included.
 test: $(STAMP) lint docs
 	$(PY) -m pytest -q tests
-	PADDLE_AMP_SCALER_FUSED=0 $(PY) -m pytest -q -m "not long and not compiled_helper" tests
 
 # The whole suite against every Paddle release on PyPI from 2.6.2 on (not part of CI,
 # which keeps the newest and the oldest); each version gets its own environment.

@@ -13,14 +13,14 @@ import paddle_amp_scaler  # isort: skip
 import numpy as np
 import paddle
 
-from paddle_amp_scaler import GradScaler, kernels, load_checkpoint, save_checkpoint
+from paddle_amp_scaler import GradScaler, load_checkpoint, save_checkpoint
 
 PUBLIC_MODULES = [
     "paddle_amp_scaler",
     "paddle_amp_scaler.compat.torch",
     "paddle_amp_scaler.compat.mindspore",
     "paddle_amp_scaler.integrations",
-    "paddle_amp_scaler.rule",
+    "paddle_amp_scaler.compat.keras",
     "paddle_amp_scaler.testing",
 ]
 PUBLIC_NAMES = [
@@ -88,8 +88,6 @@ def main():
     report = {
         "module_file": paddle_amp_scaler.__file__,
         "version": paddle_amp_scaler.__version__,
-        "unscale_paths": kernels.unscale_paths(),
-        "default_path": kernels.default_unscale_path(),
         "imported": [importlib.import_module(name).__name__ for name in PUBLIC_MODULES],
         "names": [name for name in PUBLIC_NAMES if hasattr(paddle_amp_scaler, name)],
     }
@@ -131,8 +129,6 @@ def main():
         "last_line": text.strip().splitlines()[-1],
         "ok": doctor["ok"],
         "package": doctor["facts"]["package_file"],
-        "unscale_path": doctor["facts"]["unscale_path"],
-        "helper": doctor["facts"]["helper"]["state"],
     }
     report["resumed_step"] = step
     report["resume_identical"] = all(np.array_equal(a, b) for a, b in zip(straight, resumed))

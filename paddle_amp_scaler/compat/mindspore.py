@@ -268,10 +268,11 @@ class DynamicLossScaler(_LossScaler):
 
     @property
     def counter(self) -> Tensor:
-        """Finite steps since the scale last changed, an int32 0-d Tensor (a copy).
-        Assignable, as MindSpore's Parameter is: an int (or a one-element integer
-        Tensor) from 0 to ``scale_window - 1``."""
-        return self._scaler._scale_tensors().incr_count.reshape([]).clone()
+        """Finite steps since the scale last changed, an int32 0-d Tensor (a read of the
+        device where the scaler does not know it on the host). Assignable, as MindSpore's
+        Parameter is: an int (or a one-element integer Tensor) from 0 to
+        ``scale_window - 1``."""
+        return paddle.to_tensor(self._scaler.get_incr_count(), dtype=paddle.int32)
 
     @counter.setter
     def counter(self, value: Any) -> None:

@@ -151,18 +151,21 @@ class IntervalRule:
         self, memory: Memory, found: Tensor, amax: Tensor | None = None, iteration: int = 0
     ) -> Tensor:
         """``adjust`` on the device tensors of ``memory``, in place, from a bool [1]
-        verdict; returns whether the rule acted, a bool [1] tensor. Nothing is read."""
-        return self._count_and_move_(memory, found)
+        verdict; returns whether the rule acted, a bool [1] tensor. Nothing is read.
 
-    def _count_and_move_(self, memory: Memory, found: Tensor) -> Tensor:
-        """``count``, and a growth or back-off where it acts, in Paddle's
-        ``update_loss_scaling`` kernel. The kernel floors at 1.0 and multiplies: a lower
-        ``min_scale`` or a ``backoff_divisor`` redoes its back-off, a higher floor or a
-        ``max_scale`` clips after it (no operation for the default settings)."""
+        ``count`` and the move are Paddle's ``update_loss_scaling`` kernel, one launch: it
+        floors the scale at 1.0, backs off by multiplying, refuses a growth that would
+        overflow float32, and resets the counter of the verdict's kind exactly when it
+        acts, leaving the other at 0. So a lower ``min_scale`` or a ``backoff_divisor``
+        redoes its back-off, and a higher floor or a ``max_scale`` clips after it (no
+        operation for the defaults)."""
         scale = memory.scale
         redo_backoff = self.min_scale < 1.0 or self.backoff_divisor is not None
         before = scale.clone() if redo_backoff else None
-        kernels.update_loss_scaling_(
+        # The kernel zeroes its ``xs`` when found_inf is set, and refuses an empty list:
+        # the gradients were dealt with before, so it gets a stand-in.
+        kernels.C_ops.update_loss_scaling_(
+            [kernels.stand_in(scale, paddle.float32)],
             found,
             scale,
             memory.incr_count,
@@ -171,9 +174,9 @@ class IntervalRule:
             self.decr_every_n_nan_or_inf,
             self.incr_ratio,
             self.decr_ratio,
+            False,
         )
-        # The kernel reset the counter of the verdict's kind and left the other at 0: both
-        # are 0 exactly when it acted.
+        # Both counters are 0 exactly when it acted.
         acted = paddle.equal(memory.incr_count, memory.decr_count)
         if before is not None:
             # Rare settings: readability over the handful of operations they cost.
@@ -193,13 +196,21 @@ class IntervalRule:
     def memory_to_state(self, memory: Memory) -> dict[str, Any]:
         """The memory beyond the scale and its counters, as plain Python values for the
         state dict's ``state_key`` entry."""
-        return {}
+        return {
+            field.name: (float if field.name in memory.FLOATS else int)(getattr(memory, field.name))
+            for field in dataclasses.fields(memory)
+            if field.name not in _COUNTED
+        }
 
     @classmethod
     def memory_from_state(cls, value: Any, name: str) -> dict[str, Any]:
         """``memory_to_state``'s dict, checked (``ValueError`` naming ``name``), as keyword
         arguments of ``memory_type``."""
         return {}
+
+
+# The memory every rule keeps, which Paddle's own state-dict keys hold.
+_COUNTED = tuple(field.name for field in dataclasses.fields(Memory))
 
 
 def _times(value: Any, factor: float) -> Any:

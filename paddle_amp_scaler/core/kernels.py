@@ -12,11 +12,12 @@ Facts kept here:
   it meets a non-finite tensor it turns -inf into NaN and zeroes the tensors after it,
   even at a scale of 1. An all-finite test that must leave its inputs alone cannot use it.
 * ``update_loss_scaling_`` refuses an empty ``xs`` and zeroes every tensor of ``xs``
-  when ``found_inf`` is set; with ``stop_update=True`` it does only that zeroing.
-* Both keep their names and signatures from Paddle 2.6 to 3.x as ``_C_ops`` functions.
+  when ``found_inf`` is set; with ``stop_update=True`` it does only that zeroing. Its
+  rule is ``interval.IntervalRule``'s, the facts of which that module keeps.
+* Both keep their names and signatures from Paddle 2.6 to 3.x as ``C_ops`` functions.
   Paddle 2.6's ``check_finite_and_unscale`` refuses a tensor with no elements, which
   has nothing to check anyway.
-* ``_C_ops.scale`` takes its factor as a tensor on the device and keeps a 0-d tensor
+* ``C_ops.scale`` takes its factor as a tensor on the device and keeps a 0-d tensor
   0-d: one operation, where a multiply by a [1] scale needs a reshape first.
 """
 
@@ -35,7 +36,7 @@ if TYPE_CHECKING:  # typing.TypeGuard needs Python 3.10
 
 # Untyped for the checker, like the rest of Paddle: Paddle 3 ships a stub of its ops,
 # which mypy would follow (follow_imports does not reach stubs) and 2.6 has none.
-_C_ops: Any = paddle._C_ops
+C_ops: Any = paddle._C_ops
 
 # Gradients by dtype (a paddle dtype), in parameter order: Paddle's kernels take one
 # dtype per call.
@@ -75,7 +76,7 @@ def unscale_and_check_(
     # Measured first: the unscale below writes the gradients in place.
     amax = _largest_magnitude(groups) if measure and groups else None
     flags = [
-        _C_ops.check_finite_and_unscale_(group, _scale_for(dtype, scale))[1]
+        C_ops.check_finite_and_unscale_(group, _scale_for(dtype, scale))[1]
         for dtype, group in groups.items()
     ]
     return Verdict(any_of(flags) if flags else all_finite, amax=amax)
@@ -103,37 +104,7 @@ def zero_if_found_(grads: Sequence[Tensor | None], found_inf: Tensor) -> None:
         # compute dtype and counters all the same.
         scale = stand_in(found_inf, paddle.float64 if dtype == paddle.float64 else paddle.float32)
         counter = stand_in(found_inf, paddle.int32)
-        _C_ops.update_loss_scaling_(group, found_inf, scale, counter, counter, 1, 1, 2.0, 0.5, True)
-
-
-def update_loss_scaling_(
-    found_inf: Tensor,
-    scale: Tensor,
-    incr_count: Tensor,
-    decr_count: Tensor,
-    incr_every_n_steps: int,
-    decr_every_n_nan_or_inf: int,
-    incr_ratio: float,
-    decr_ratio: float,
-) -> None:
-    """Paddle's dynamic loss-scaling rule in one launch, in place: it floors the scale at
-    1.0, backs off by multiplying, refuses a growth that would overflow float32, and
-    resets the counter of the verdict's kind exactly when it grows or backs off, leaving
-    the other at 0."""
-    # The kernel zeroes its ``xs`` when found_inf is set, and refuses an empty list: the
-    # gradients were dealt with before, so it gets a stand-in.
-    _C_ops.update_loss_scaling_(
-        [stand_in(scale, paddle.float32)],
-        found_inf,
-        scale,
-        incr_count,
-        decr_count,
-        incr_every_n_steps,
-        decr_every_n_nan_or_inf,
-        incr_ratio,
-        decr_ratio,
-        False,
-    )
+        C_ops.update_loss_scaling_(group, found_inf, scale, counter, counter, 1, 1, 2.0, 0.5, True)
 
 
 def _largest_magnitude(groups: GradGroups) -> Tensor:
@@ -141,11 +112,11 @@ def _largest_magnitude(groups: GradGroups) -> Tensor:
     per gradient, and two or three per dtype group."""
     largest: Tensor | None = None
     for group in groups.values():
-        norms = paddle.stack([_C_ops.p_norm(grad, np.inf, 0, 1e-12, False, True) for grad in group])
-        group_max = _C_ops.max(norms, [], True)
+        norms = paddle.stack([C_ops.p_norm(grad, np.inf, 0, 1e-12, False, True) for grad in group])
+        group_max = C_ops.max(norms, [], True)
         if group_max.dtype != paddle.float32:
             group_max = group_max.astype(paddle.float32)
-        largest = group_max if largest is None else _C_ops.maximum(largest, group_max)
+        largest = group_max if largest is None else C_ops.maximum(largest, group_max)
     return cast(Tensor, largest)
 
 
@@ -182,7 +153,7 @@ def scaled(tensor: Tensor, scale: Tensor) -> Tensor:
         tensor = tensor.astype(paddle.float32)
     # One operation that keeps the tensor's shape (a 0-d loss stays 0-d); it takes the
     # factor from the device, in the tensor's precision.
-    return _C_ops.scale(tensor, scale, 0.0, True)
+    return C_ops.scale(tensor, scale, 0.0, True)
 
 
 def unscaled(tensor: Tensor, scale: Tensor) -> Tensor:
@@ -201,7 +172,7 @@ def largest_of(amaxes: Sequence[Tensor | None]) -> Tensor | None:
         return None
     largest = cast(Tensor, amaxes[0])
     for amax in amaxes[1:]:
-        largest = _C_ops.maximum(largest, amax)
+        largest = C_ops.maximum(largest, amax)
     return largest
 
 
@@ -209,7 +180,7 @@ def any_of(flags: Sequence[Tensor]) -> Tensor:
     """Logical OR of bool tensors of shape [1], computed on the device."""
     combined = flags[0]
     for flag in flags[1:]:
-        combined = _C_ops.bitwise_or(combined, flag)
+        combined = C_ops.bitwise_or(combined, flag)
     return combined
 
 
@@ -227,7 +198,7 @@ def all_finite(tensors: Iterable[Tensor]) -> Tensor:
 
 def clip_(tensor: Tensor, lower: float, upper: float) -> None:
     """Clamp ``tensor`` into ``[lower, upper]`` in place."""
-    _C_ops.clip_(tensor, lower, upper)
+    C_ops.clip_(tensor, lower, upper)
 
 
 def read_numbers(*tensors: Tensor) -> list[float]:

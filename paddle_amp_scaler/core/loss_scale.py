@@ -30,7 +30,7 @@ class LossScale(TensorsOnHost):
 
     ``memory.scale`` is always current; it is the tensor Paddle's trainers know as the
     scaler's ``_scale``. The counters on the device may lag the host's copy
-    (``_counters``) until something asks for the tensors (``tensors``).
+    (``_counters``) until the rule's device form next runs.
     """
 
     def __init__(self, rule: IntervalRule, scale: float, place: Any) -> None:
@@ -96,12 +96,6 @@ class LossScale(TensorsOnHost):
         if self._counters is None:
             self.read()
         return cast(tuple[int, int], self._counters)
-
-    def tensors(self) -> Memory:
-        """The memory as its live device tensors, counters brought up to date: to show or
-        compute with, not to write (the setters write)."""
-        self._write_counters()
-        return self.memory
 
     def read(self, *also: Tensor) -> tuple[Memory, list[float]]:
         """The memory as host numbers, and the values of the one-element tensors ``also``,

@@ -34,6 +34,7 @@ from .kernels import Verdict
 from .loss_scale import LossScale
 from .overflow_report import OverflowEntry, recorder_for
 from .pickling import TensorsOnHost
+from .records import OptimizerRecord
 from .rules import rule_named
 from .state_dict import SavedScaler, parse_state_dict
 from .statistics import RunStatistics, ScalerStats
@@ -55,39 +56,10 @@ PADDLE_CONTRACT = (
 EXTENSION_INTERFACE = (
     "_step_optimizer",
     "_end_iteration",
-    "_scale_tensors",
     "_change_rule",
     "_nothing_checked",
     "_repr_fields",
 )
-
-
-class OptimizerRecord:
-    """What the scaler knows of one optimizer during an iteration.
-
-    Its ``stage`` (values of Paddle's ``OptimizerState``: INIT, UNSCALED, STEPPED) is what
-    Paddle's trainers read and write as ``scaler._optimizer_states[id(opt)]["state"]``.
-    """
-
-    def __init__(self) -> None:
-        self.stage = OptimizerState.INIT
-        self.verdict: Verdict | None = None
-        # What was unscaled and checked; None where a replaced _unscale did that.
-        self.params: list[Any] | None = None
-        self.grads: list[Tensor | None] | None = None
-        # Whether any gradient was there to check: an optimizer stepped with none (no
-        # backward() since its gradients were cleared) tells the update rule nothing.
-        self.checked = True
-
-    def __getitem__(self, key: str) -> Any:
-        if key != "state":
-            raise KeyError(key)
-        return self.stage
-
-    def __setitem__(self, key: str, value: Any) -> None:
-        if key != "state":
-            raise KeyError(key)
-        self.stage = value
 
 
 class AmpScaler(TensorsOnHost):
@@ -251,7 +223,7 @@ class AmpScaler(TensorsOnHost):
         if not self._enable:
             return
         record = self._optimizer_states[id(optimizer)]
-        _refuse_unscale_in(record.stage)
+        record.refuse_unscale()
         params = optimizers.parameters_of(optimizer)
         grads = optimizers.grads_of(params)
         scale, all_finite = self._loss_scale.scale, self._temp_found_inf_value_false
@@ -285,11 +257,7 @@ class AmpScaler(TensorsOnHost):
             optimizers.refuse_without_parameters(optimizer)
             return run_step()
         record = self._optimizer_states[id(optimizer)]
-        if record.stage is OptimizerState.STEPPED:
-            raise RuntimeError(
-                "step() has already been called for this optimizer since the last "
-                "update(); call scaler.update() once per iteration, after the last step()"
-            )
+        record.refuse_step()
         if given_grads is not None:
             self._check_given_gradients(record, given_grads)
         elif record.stage is OptimizerState.INIT:
@@ -357,12 +325,6 @@ class AmpScaler(TensorsOnHost):
         self._stuck_policy.after_iteration(self._run, self.stats)
         return True
 
-    def _scale_tensors(self) -> Memory:
-        """The scale and the rule's memory as the live device tensors (``scale``,
-        ``incr_count``, ``decr_count``, ...), to show or compute with, with no read;
-        written through the setters, never directly."""
-        return self._loss_scale.tensors()
-
     def _change_rule(self, **changes: Any) -> None:
         """Change the rule's settings (fields of ``IntervalRule``, checked by the caller):
         the next update applies them. MindSpore's functional scaler sets
@@ -401,7 +363,7 @@ class AmpScaler(TensorsOnHost):
     # -- the stages -------------------------------------------------------------------
 
     def _unscale_and_record(self, optimizer: Any, record: OptimizerRecord) -> None:
-        _refuse_unscale_in(record.stage)
+        record.refuse_unscale()
         self._unscale(optimizer)
         verdict = record.verdict
         if verdict is None or verdict.flag is not self._found_inf:
@@ -417,7 +379,7 @@ class AmpScaler(TensorsOnHost):
 
     def _check_given_gradients(self, record: OptimizerRecord, grads: Sequence[Tensor]) -> None:
         # Multiplying by exactly 1 leaves every value as it is: the unscale only checks.
-        _refuse_unscale_in(record.stage)
+        record.refuse_unscale()
         scale = self._loss_scale.scale
         verdict = kernels.unscale_and_check_(
             grads,
@@ -445,11 +407,7 @@ class AmpScaler(TensorsOnHost):
         # alike.
         agreed = self._sync.agree(verdict)
         self._found_inf = agreed.flag
-        record.verdict = agreed
-        record.params = params
-        record.grads = grads
-        record.checked = any(grad is not None for grad in grads)
-        record.stage = OptimizerState.UNSCALED
+        record.unscaled(agreed, params, grads)
 
     def _switch_off_for_bfloat16(self) -> None:
         # bfloat16 has float32's exponent range: gradients do not underflow, and scaling
@@ -724,16 +682,3 @@ class GradScaler(AmpScaler):
                 "update() was called with no step() since the last update(); call "
                 "scaler.step(optimizer) for each optimizer first, then update() once"
             )
-
-
-def _refuse_unscale_in(stage: OptimizerState) -> None:
-    if stage is OptimizerState.UNSCALED:
-        raise RuntimeError(
-            "unscale_() has already been called on this optimizer since the last "
-            "update(); call it at most once per optimizer per iteration"
-        )
-    if stage is OptimizerState.STEPPED:
-        raise RuntimeError(
-            "unscale_() was called after step() for this optimizer; call unscale_() "
-            "before step(), or call update() to start the next iteration"
-        )
