@@ -1,4 +1,4 @@
-"""``python -m paddle_amp_scaler``: the command line, in ``cli.py``."""
+"""``python -m paddle_amp_scaler``: the command line, in the ``cli`` package."""
 
 import sys
 

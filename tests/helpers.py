@@ -1,7 +1,6 @@
 """Shared test helpers: tiny models, overflow injection, host-read counting, Paddle's oracle."""
 
 import contextlib
-import hashlib
 import pickle
 import types
 
@@ -165,7 +164,4 @@ def write_payload(path, payload, body=None):
     """A checkpoint file with a valid header and checksum around any ``payload`` (or
     around a pickle ``body`` as it is)."""
     body = pickle.dumps(payload, protocol=4) if body is None else body
-    header = checkpoint._HEADER.pack(
-        checkpoint._MAGIC, checkpoint.FORMAT_VERSION, len(body), hashlib.sha256(body).digest()
-    )
-    path.write_bytes(header + body)
+    path.write_bytes(checkpoint.file_format.framed(body))

@@ -2,11 +2,13 @@
 
 import collections
 import dataclasses
+import hashlib
 import math
 import os
 import pickle
 import pickletools
 import random
+import re
 import signal
 import struct
 import subprocess
@@ -27,6 +29,7 @@ from paddle_amp_scaler import (
 )
 from paddle_amp_scaler import checkpoint as checkpoint_module
 from paddle_amp_scaler.checkpoint import rng_state_survives_pickling
+from paddle_amp_scaler.checkpoint.unpickling import not_loaded_in
 
 from helpers import (
     GradInjector,
@@ -43,6 +46,9 @@ from helpers import (
 DROPOUT = 0.3 if rng_state_survives_pickling() else 0.0
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+# The file's header as docs/checkpoints.md describes it: magic, format version (uint32),
+# the payload's length (uint64) and its SHA-256.
+HEADER = struct.Struct("<8sIQ32s")
 
 
 class Run:
@@ -293,7 +299,7 @@ def test_a_file_that_is_no_checkpoint_says_so_before_its_length(tmp_path, kind):
 
 
 def payload_of(path):
-    return pickle.loads(path.read_bytes()[checkpoint_module._HEADER.size :])
+    return pickle.loads(path.read_bytes()[HEADER.size :])
 
 
 def crafted(tmp_path, where):
@@ -326,6 +332,21 @@ def test_a_crafted_checkpoint_is_refused_and_runs_nothing(tmp_path, where):
     with pytest.raises(CheckpointError, match=f"tries to build {built}"):
         read_checkpoint(path, trust_extra=True)
     assert not marker.exists()
+
+
+@pytest.mark.parametrize(
+    "key, value", [("step", "3"), ("models", 5), ("optimizers", [3]), ("scaler", [1]), ("rng", "")]
+)
+def test_a_payload_of_other_types_is_refused(tmp_path, key, value):
+    path, target = trained_run_and_checkpoint(tmp_path)
+    payload = payload_of(path)
+    payload[key] = value
+    write_payload(path, payload)
+    refused = f"was not written by save_checkpoint: its {key} is {value!r}"
+    for read in (read_checkpoint, checkpoint_module.inspect_checkpoint):
+        with pytest.raises(CheckpointError, match=re.escape(refused)):
+            read(path)
+    assert_load_fails_and_changes_nothing(target, path, re.escape(refused))
 
 
 def test_objects_in_extra_load_only_with_trust_extra(tmp_path):
@@ -462,7 +483,7 @@ def test_what_save_checkpoint_writes_reads_back_with_no_opt_in(tmp_path, build):
         save_checkpoint(path, model=model, optimizer=optimizer, scaler=scaler, step=3)
     # Every global the file refers to is on the allow-list: nothing comes back unbuilt.
     content = checkpoint_module.inspect_checkpoint(path)
-    assert not list(checkpoint_module.not_loaded_in(dataclasses.asdict(content), "checkpoint"))
+    assert not list(not_loaded_in(dataclasses.asdict(content), "checkpoint"))
     assert load_checkpoint(path, model=model, optimizer=optimizer, scaler=scaler) == 3
 
 
@@ -523,6 +544,44 @@ def test_bad_step_argument(tmp_path):
         save_checkpoint(
             tmp_path / "c", model=run.model, optimizer=run.optimizer, scaler=run.scaler, step=-1
         )
+
+
+def test_each_argument_is_checked_and_named(tmp_path):
+    run = Run()
+    path = tmp_path / "c"
+    run.save(path, step=1)
+    objects = dict(model=run.model, optimizer=run.optimizer, scaler=run.scaler)
+    for wrong, error, message in [
+        (dict(model=None), TypeError, "model must be a paddle.nn.Layer .*got NoneType"),
+        (dict(model=[]), ValueError, "model must be a paddle.nn.Layer or a non-empty list"),
+        (dict(model=[run.model, "x"]), TypeError, "model must be .*got str"),
+        (dict(optimizer=None), TypeError, "optimizer must be an optimizer .*got NoneType"),
+        # A model where the optimizer goes: it has a state_dict, but no parameter list.
+        (dict(optimizer=run.model), TypeError, "optimizer must be a paddle.optimizer"),
+        (dict(scaler=None), TypeError, "scaler must be a scaler such as GradScaler .*NoneType"),
+    ]:
+        arguments = {**objects, **wrong}
+        with pytest.raises(error, match=message):
+            save_checkpoint(tmp_path / "other", step=1, **arguments)
+        # The optimizer's parameters are looked up as the checkpoint is fitted to it: a
+        # CheckpointError (a ValueError) then says what does not fit.
+        with pytest.raises((error, CheckpointError), match=message):
+            load_checkpoint(path, **arguments)
+    assert not (tmp_path / "other").exists()
+    for read in (read_checkpoint, checkpoint_module.inspect_checkpoint):
+        with pytest.raises(TypeError, match="path must be a str or an os.PathLike, got int"):
+            read(3)
+    assert load_checkpoint(str(path), **objects) == 1
+
+
+def test_the_file_is_laid_out_as_the_docs_say(tmp_path):
+    Run().save(tmp_path / "c", step=7)
+    data = (tmp_path / "c").read_bytes()
+    magic, version, length, digest = HEADER.unpack_from(data)
+    assert (magic, version) == (b"PDAMPCK\x00", 1)
+    assert length == len(data) - HEADER.size
+    assert digest == hashlib.sha256(data[HEADER.size :]).digest()
+    assert pickle.loads(data[HEADER.size :])["step"] == 7
 
 
 def test_a_folder_that_does_not_exist_is_named_with_the_fix(tmp_path):

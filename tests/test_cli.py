@@ -3,10 +3,10 @@ subprocess, from a folder outside the checkout), and doctor's GPU verdicts from 
 written by hand, since no test machine has every GPU."""
 
 import dataclasses
-import importlib
 import json
 import math
 import os
+import pickle
 import platform
 import subprocess
 import sys
@@ -19,16 +19,21 @@ import pytest
 import paddle_amp_scaler
 from paddle_amp_scaler import GradScaler, save_checkpoint
 from paddle_amp_scaler.checkpoint import rng_state_survives_pickling
-from paddle_amp_scaler.core import fused_cpu, unscale_paths
+from paddle_amp_scaler.cli import doctor, main
 
 from helpers import GradInjector, WritesAMarker, batches, make_model, write_payload
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Magic, format version, payload length, SHA-256: what precedes a checkpoint's payload.
+HEADER_SIZE = 8 + 4 + 8 + 32
+# The folder that holds the package under test: the subprocess runs from elsewhere, where
+# an installed copy (another checkout's editable install, say) would answer instead.
+PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(paddle_amp_scaler.__file__)))
 
 
 def run_cli(*args, cwd, env=None):
     environment = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
-    environment.update(env or {})
+    environment.update(env or {}, PYTHONPATH=PACKAGE_PARENT)
     return subprocess.run(
         [sys.executable, "-m", "paddle_amp_scaler", *args],
         cwd=cwd,
@@ -78,119 +83,49 @@ def test_doctor_on_this_machine(tmp_path):
     result = run_cli("doctor", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     facts = fields(result.stdout)
+    package = os.path.dirname(os.path.abspath(paddle_amp_scaler.__file__))
+    shown = package.replace(os.path.expanduser("~"), "~", 1)
+    # Its label fills the column: one space before the value.
+    first = result.stdout.splitlines()[0]
+    assert first == f"paddle_amp_scaler {paddle_amp_scaler.__version__} ({shown})"
     assert facts["Python"].startswith(platform.python_version())
     assert facts["NumPy"] == np.__version__
     assert facts["Paddle"].startswith(f"{paddle.__version__}, CPU build")
     assert facts["CUDA"] == facts["cuDNN"] == facts["GPU kernels for"] == "none (CPU build)"
     assert facts["devices"] == "cpu (current: cpu)"
-    # The path this process's scalers take, and the helper's state, as they are.
-    path = unscale_paths.default_unscale_path()
-    assert facts["unscale path"].startswith(f"{path}: ")
-    status = fused_cpu.build_status()
-    shown = status.directory.replace(os.path.expanduser("~"), "~", 1)
-    assert facts["compiled helper"].startswith(f"{status.state}, in {shown}")
+    assert facts["scaler"] == (
+        "Paddle's kernels on cpu (check_finite_and_unscale, update_loss_scaling)"
+    )
     saves = "save the random generator" if rng_state_survives_pickling() else "leave the random"
     assert facts["checkpoints"].startswith(saves)
     assert result.stdout.rstrip().endswith("Nothing here stands in the way of training.")
+    # The compiled helper and the choice of an unscale path are gone from the package.
+    assert "helper" not in result.stdout and "unscale path" not in result.stdout
 
     report = json.loads(run_cli("doctor", "--json", cwd=tmp_path).stdout)
     assert report["ok"] is True and report["gpu_coverage"] == []
     assert [finding for finding in report["findings"] if finding["severity"] != "note"] == []
-    assert report["facts"]["unscale_path"] == path
-    assert report["facts"]["helper"]["state"] == status.state
+    assert report["facts"]["paddle"] == paddle.__version__
+    assert report["facts"]["build"] == "CPU" and report["facts"]["cuda_archs"] is None
+    assert not [key for key in report["facts"] if "helper" in key or "unscale" in key]
 
 
-def test_doctor_builds_nothing(tmp_path):
-    cache = tmp_path / "extensions"
-    cache.mkdir()
-    environment = {"PADDLE_EXTENSION_DIR": str(cache), "PADDLE_AMP_SCALER_FUSED": "1"}
-    result = run_cli("doctor", cwd=tmp_path, env=environment)
-    assert result.returncode == 0, result.stdout + result.stderr
-    facts = fields(result.stdout)
-    shown = str(cache).replace(os.path.expanduser("~"), "~", 1)
-    assert facts["compiled helper"].startswith(f"not built yet, in {shown}")
-    assert facts["unscale path"].startswith("fused-cpu: the compiled helper, on a CPU, once built")
-    assert list(cache.iterdir()) == []
+# -- doctor's facts, read from Paddle --------------------------------------------------------
 
 
-def test_doctor_with_the_helper_turned_off(tmp_path):
-    result = run_cli("doctor", "--json", cwd=tmp_path, env={"PADDLE_AMP_SCALER_FUSED": "0"})
-    assert result.returncode == 0, result.stderr
-    facts = json.loads(result.stdout)["facts"]
-    assert facts["helper"]["state"] == "disabled"
-    assert facts["unscale_path"] == "paddle"
-    assert "PADDLE_AMP_SCALER_FUSED=0 turns the compiled helper off" in facts["unscale_reason"]
+def test_the_architectures_are_read_from_paddle_where_it_lists_them(monkeypatch):
+    monkeypatch.setattr(paddle.version, "cuda_archs", lambda: [90, 80, 86], raising=False)
+    assert doctor._cuda_archs("CUDA") == (80, 86, 90)
+    assert doctor._cuda_archs("CPU") is None
+    # A build that lists nothing says nothing.
+    monkeypatch.setattr(paddle.version, "cuda_archs", list)
+    assert doctor._cuda_archs("CUDA") is None
+    # Paddle 2.6 has no paddle.version.cuda_archs().
+    monkeypatch.delattr(paddle.version, "cuda_archs")
+    assert doctor._cuda_archs("CUDA") is None
 
 
-# -- doctor's verdicts, from facts written by hand ------------------------------------------
-
-
-@pytest.fixture
-def cli():
-    """The command line's module, for the tests that call its functions directly."""
-    return importlib.import_module("paddle_amp_scaler.cli")
-
-
-# What GPU kernels a Paddle build carries: (sass, ptx, who says so).
-PYPI_2_6 = ((61, 70, 75, 80, 86), (), "PyPI's paddlepaddle-gpu 2.6")
-H100 = ("NVIDIA H100 80GB HBM3", (9, 0))
-A100 = ("NVIDIA A100", (8, 0))
-RTX_5090 = ("NVIDIA GeForce RTX 5090", (12, 0))
-
-
-def cuda_facts(cli, paddle_version, kernels, gpus):
-    """This machine's facts, made a CUDA build of ``paddle_version`` with ``gpus``."""
-    return dataclasses.replace(
-        cli.gather_facts(),
-        paddle=paddle_version,
-        build="CUDA",
-        cuda="12.0",
-        cudnn="8.9",
-        kernels=cli.GpuKernels(*kernels),
-        gpus=tuple(gpus),
-        device="gpu:0",
-        unscale_path="paddle",
-        unscale_reason="Paddle's kernels, as on every gpu",
-    )
-
-
-@pytest.mark.parametrize(
-    "card, kernels, covered, how",
-    [
-        (H100, PYPI_2_6, False, "no binary for sm_90 among sm_61, sm_70, sm_75, sm_80, sm_86"),
-        (A100, PYPI_2_6, True, "sm_80 binaries"),
-        # A binary runs on later minor versions of its major one: Ada on Ampere's sm_86.
-        (("NVIDIA GeForce RTX 4090", (8, 9)), PYPI_2_6, True, "sm_86 binaries"),
-        (("Tesla T4", (7, 5)), PYPI_2_6, True, "sm_75 binaries"),
-        (("GeForce GTX 980", (5, 2)), PYPI_2_6, False, "no binary for sm_52"),
-        (H100, ((80, 90), None, "cuda_archs"), True, "sm_90 binaries"),
-        (RTX_5090, ((80, 86, 90), None, "cuda_archs"), False, "does not say whether it has PTX"),
-        # PTX compiles for any later GPU, at a cost on first use.
-        (H100, ((80,), (80,), "hand-made"), True, "PTX for compute_80"),
-        (H100, (None, None, "Paddle 3.0.0 does not expose it"), None, "does not expose it"),
-    ],
-    ids=["h100-2.6", "a100-2.6", "4090-2.6", "t4-2.6", "980-2.6", "h100-3.x", "5090-3.x",
-         "h100-ptx", "h100-unlisted"],
-)  # fmt: skip
-def test_gpu_coverage_from_the_kernel_list(cli, card, kernels, covered, how):
-    coverage = cli.gpu_coverage(cli.Gpu(0, *card), cli.GpuKernels(*kernels))
-    assert coverage.covered is covered and how in coverage.how
-
-
-def test_a_kernel_tried_on_the_gpu_settles_it(cli):
-    failed = "(External) CUDA error(209), no kernel image is available for execution on the device."
-    listed = cli.GpuKernels((90,), None, "cuda_archs")
-    refused = cli.gpu_coverage(cli.Gpu(0, *H100, probed=True, probe_error=failed), listed)
-    assert refused.covered is False and "no image" in refused.how
-    # A build from Paddle's index may hold more than PyPI's list says.
-    ran = cli.gpu_coverage(cli.Gpu(0, *H100, probed=True), cli.GpuKernels(*PYPI_2_6))
-    assert ran.covered is True and "ran" in ran.how
-    oom = cli.Gpu(0, *H100, probed=True, probe_error="out of memory")
-    other = cli.gpu_coverage(oom, cli.GpuKernels(*PYPI_2_6))
-    assert other.covered is None and "out of memory" in other.how
-
-
-def test_the_probe_keeps_the_line_that_names_the_error(cli, monkeypatch):
+def test_the_probe_keeps_the_line_that_names_the_error(monkeypatch):
     # What Paddle 2.6.2 raises on an H100: a C++ traceback first, the error last.
     message = (
         "\n\n--------------------------------------\nC++ Traceback (most recent call last):\n"
@@ -204,114 +139,176 @@ def test_the_probe_keeps_the_line_that_names_the_error(cli, monkeypatch):
     def fails(*args, **kwargs):
         raise OSError(message)
 
-    monkeypatch.setattr(cli.paddle, "to_tensor", fails)
-    monkeypatch.setattr(cli.paddle, "CUDAPlace", lambda index: index)
-    error = cli._probe(0)
+    monkeypatch.setattr(doctor.paddle, "to_tensor", fails)
+    monkeypatch.setattr(doctor.paddle, "CUDAPlace", lambda index: index)
+    error = doctor._probe(0)
     assert error.startswith("ExternalError: CUDA error(209), no kernel image is available")
-    coverage = cli.gpu_coverage(cli.Gpu(0, *H100, probed=True, probe_error=error), None)
-    assert coverage.covered is False
+    assert doctor.gpu_coverage(doctor.Gpu(0, *H100, error), None).covered is False
 
 
-def test_doctor_fails_with_the_fix_on_an_h100_with_pypis_paddle(cli, monkeypatch, capsys):
-    facts = cuda_facts(cli, "2.6.2", PYPI_2_6, [cli.Gpu(0, *H100)])
-    (error,) = [finding for finding in cli.findings(facts) if finding.severity == "error"]
-    assert "GPU 0 (NVIDIA H100 80GB HBM3, compute capability 9.0) has no kernels" in error.what
-    assert "cudaErrorNoKernelImageForDevice" in error.what
-    assert "PyPI's paddlepaddle-gpu stops at 2.6.2" in error.fix
-    assert "CUDA 12 build of Paddle 3.x" in error.fix
-    assert "-i https://www.paddlepaddle.org.cn/packages/stable/cu126/" in error.fix
+# -- doctor's verdicts, from facts written by hand ------------------------------------------
 
-    monkeypatch.setattr(cli, "gather_facts", lambda: facts)
-    assert cli.main(["doctor"]) == 1
+H100 = ("NVIDIA H100 80GB HBM3", (9, 0))
+A100 = ("NVIDIA A100", (8, 0))
+RTX_4090 = ("NVIDIA GeForce RTX 4090", (8, 9))
+RTX_5090 = ("NVIDIA GeForce RTX 5090", (12, 0))
+# Architecture lists as paddle.version.cuda_archs() gives them, made up for the tests.
+UP_TO_86 = (61, 70, 75, 80, 86)
+UP_TO_90 = (75, 80, 86, 90)
+# What a kernel raises on a GPU that it has no binary for (Paddle's wording).
+NO_IMAGE = "ExternalError: CUDA error(209), no kernel image is available for execution"
+
+
+def cuda_facts(paddle_version, cuda_archs, gpus):
+    """This machine's facts, made a CUDA build of ``paddle_version`` with ``gpus``."""
+    return dataclasses.replace(
+        doctor.gather_facts(),
+        paddle=paddle_version,
+        build="CUDA",
+        cuda="12.0",
+        cudnn="8.9",
+        cuda_archs=cuda_archs,
+        gpus=tuple(gpus),
+        device="gpu:0",
+    )
+
+
+@pytest.mark.parametrize(
+    "card, archs, probe_error, covered, how",
+    [
+        (A100, UP_TO_86, None, True, "a Paddle kernel ran on it (sm_80 binaries)"),
+        # A binary runs on later minor versions of its major one: Ada on Ampere's sm_86.
+        (RTX_4090, UP_TO_86, None, True, "(sm_86 binaries)"),
+        (("Tesla T4", (7, 5)), UP_TO_86, None, True, "(sm_75 binaries)"),
+        (H100, UP_TO_90, None, True, "(sm_90 binaries)"),
+        # Never on the next major version.
+        (H100, UP_TO_86, NO_IMAGE, False,
+         "found no image for it (no binary for sm_90 among sm_61, sm_70, sm_75, sm_80, sm_86)"),
+        (("GeForce GTX 980", (5, 2)), UP_TO_86, NO_IMAGE, False, "(no binary for sm_52 among"),
+        (RTX_5090, UP_TO_90, NO_IMAGE, False, "(no binary for sm_120 among sm_75, sm_80,"),
+        # A kernel that ran settles it whatever the list says (PTX, which it leaves out).
+        (RTX_5090, UP_TO_90, None, True, "a Paddle kernel ran on it (no binary for sm_120"),
+        # Paddle 2.6 lists nothing: the kernel tried on the GPU decides.
+        (H100, None, None, True,
+         "a Paddle kernel ran on it (cannot tell from the listed architectures"),
+        (H100, None, NO_IMAGE, False,
+         "found no image for it (cannot tell from the listed architectures"),
+        # A probe that failed otherwise tells nothing about the kernels.
+        (H100, UP_TO_90, "out of memory", None, "a Paddle kernel failed on it: out of memory"),
+    ],
+    ids=["a100", "4090", "t4", "h100", "h100-to-86", "980", "5090", "5090-ran", "h100-unlisted",
+         "h100-unlisted-no-image", "h100-oom"],
+)  # fmt: skip
+def test_gpu_coverage(card, archs, probe_error, covered, how):
+    coverage = doctor.gpu_coverage(doctor.Gpu(0, *card, probe_error), archs)
+    assert coverage.covered is covered and how in coverage.how
+
+
+def errors_and_notes(facts):
+    found = list(doctor.findings(facts))
+    return (
+        [finding for finding in found if finding.severity == "error"],
+        [finding for finding in found if finding.severity == "note"],
+    )
+
+
+def test_doctor_fails_with_the_fix_on_a_gpu_paddle_has_no_kernels_for(monkeypatch, capsys):
+    # Paddle 2.6 lists no architectures: the probe found no image.
+    facts = cuda_facts("2.6.2", None, [doctor.Gpu(0, *H100, NO_IMAGE)])
+    (error,), _ = errors_and_notes(facts)
+    assert error.what == (
+        "GPU 0 (NVIDIA H100 80GB HBM3, compute capability 9.0) has no kernels in Paddle "
+        "2.6.2: a Paddle kernel found no image for it (cannot tell from the listed "
+        "architectures: Paddle lists none); every Paddle operation on it fails with "
+        "cudaErrorNoKernelImageForDevice"
+    )
+    assert error.fix == (
+        "install a build of Paddle with kernels for sm_90: "
+        "https://www.paddlepaddle.org.cn/en/install/quick lists the builds for each CUDA"
+    )
+
+    monkeypatch.setattr(doctor, "gather_facts", lambda: facts)
+    assert main(["doctor"]) == 1
     report = capsys.readouterr().out
-    assert "GPU 0 (NVIDIA H100 80GB HBM3, compute capability 9.0): NOT covered" in report
+    assert "GPU 0 (NVIDIA H100 80GB HBM3, compute capability 9.0): NOT covered, " in report
+    shown = fields(report)
+    assert shown["GPU kernels for"] == (
+        "not listed by Paddle 2.6.2: a kernel tried on each GPU decides"
+    )
+    assert shown["scaler"].startswith("Paddle's kernels on gpu:0 ")
     assert f"error: {error.what}\n  fix: {error.fix}" in report
     assert "Nothing here stands in the way" not in report
-    assert cli.main(["doctor", "--json"]) == 1
+    assert main(["doctor", "--json"]) == 1
     report = json.loads(capsys.readouterr().out)
     assert report["ok"] is False and report["gpu_coverage"][0]["covered"] is False
+    errors = [finding for finding in report["findings"] if finding["severity"] == "error"]
+    assert errors == [dataclasses.asdict(error)]
 
 
-def test_the_h100_verdict_the_docs_show_is_what_doctor_says(cli):
-    facts = cuda_facts(cli, "2.6.2", PYPI_2_6, [cli.Gpu(0, *H100)])
-    (error,) = [finding for finding in cli.findings(facts) if finding.severity == "error"]
+def test_the_verdict_the_docs_show_is_what_doctor_says():
+    facts = cuda_facts("2.6.2", None, [doctor.Gpu(0, *H100, NO_IMAGE)])
+    (error,), _ = errors_and_notes(facts)
     with open(os.path.join(ROOT, "docs", "cli.md"), encoding="utf-8") as page:
         shown = page.read()
     assert f"\nerror: {error.what}\n  fix: {error.fix}\n" in shown
 
 
-def test_doctor_passes_where_the_kernels_cover_every_gpu(cli, monkeypatch, capsys):
-    facts = cuda_facts(cli, "2.6.2", PYPI_2_6, [cli.Gpu(0, *A100, probed=True)])
-    assert [finding for finding in cli.findings(facts) if finding.severity == "error"] == []
-    monkeypatch.setattr(cli, "gather_facts", lambda: facts)
-    assert cli.main(["doctor"]) == 0
-    report = capsys.readouterr().out
-    assert "GPU 0 (NVIDIA A100, compute capability 8.0): covered, sm_80 binaries" in report
-    assert "sm_61 sm_70 sm_75 sm_80 sm_86; no PTX" in report
+def test_doctor_passes_where_a_kernel_ran_on_every_gpu(monkeypatch, capsys):
+    for archs, listed in [
+        (UP_TO_90, "sm_75 sm_80 sm_86 sm_90 (paddle.version.cuda_archs())"),
+        (None, "not listed by Paddle 2.6.2: a kernel tried on each GPU decides"),
+    ]:
+        facts = cuda_facts("2.6.2", archs, [doctor.Gpu(0, *A100), doctor.Gpu(1, *H100)])
+        assert errors_and_notes(facts)[0] == []
+        monkeypatch.setattr(doctor, "gather_facts", lambda facts=facts: facts)
+        assert main(["doctor"]) == 0
+        report = capsys.readouterr().out
+        assert fields(report)["GPU kernels for"] == listed
+        assert fields(report)["devices"] == "cpu, gpu:0, gpu:1 (current: gpu:0)"
+        for index, (name, _) in enumerate([A100, H100]):
+            assert f"GPU {index} ({name}, compute capability " in report
+        assert report.count(": covered, a Paddle kernel ran on it (") == 2
+        assert report.rstrip().endswith("Nothing here stands in the way of training.")
 
 
-def test_doctor_on_paddle_3_points_at_paddles_index_for_a_newer_gpu(cli):
-    kernels = ((75, 80, 86, 90), None, "paddle.version.cuda_archs()")
-    facts = cuda_facts(cli, "3.3.1", kernels, [cli.Gpu(0, *RTX_5090)])
-    (error,) = [finding for finding in cli.findings(facts) if finding.severity == "error"]
-    assert "no binary for sm_120" in error.what
-    assert "paddlepaddle.org.cn" in error.fix and "CUDA 12.8 or newer" in error.fix
+def test_a_newer_gpu_is_told_which_cuda_it_needs():
+    facts = cuda_facts("3.3.1", UP_TO_90, [doctor.Gpu(0, *RTX_5090, NO_IMAGE)])
+    (error,), _ = errors_and_notes(facts)
+    assert "no binary for sm_120 among sm_75, sm_80, sm_86, sm_90" in error.what
+    assert "kernels for sm_120" in error.fix and "paddlepaddle.org.cn" in error.fix
+    assert "compute capability 12.0 needs CUDA 12.8 or newer" in error.fix
 
 
-def test_notes_that_do_not_stop_training(cli):
+def test_a_gpu_that_runs_no_kernel_at_all_is_an_error_with_the_driver_to_check():
+    facts = cuda_facts("3.3.1", UP_TO_90, [doctor.Gpu(0, *A100, "cudaErrorInsufficientDriver")])
+    (error,), _ = errors_and_notes(facts)
+    assert error.what.endswith("runs no Paddle kernel: cudaErrorInsufficientDriver")
+    assert "nvidia-smi" in error.fix and "CUDA 12.0" in error.fix
+
+
+def test_notes_that_do_not_stop_training():
     facts = dataclasses.replace(
-        cuda_facts(cli, "2.6.2", PYPI_2_6, []),
+        cuda_facts("2.6.2", None, []),
         numpy="2.1.0",
         paddle_distributions=("paddlepaddle 2.6.2", "paddlepaddle-gpu 2.6.2"),
     )
-    notes = {finding.what.split(":")[0]: finding for finding in cli.findings(facts)}
-    assert all(finding.severity == "note" for finding in notes.values())
+    errors, found = errors_and_notes(facts)
+    assert errors == []
+    notes = {finding.what.split(":")[0]: finding for finding in found}
     assert "Paddle is a CUDA build but sees no GPU" in notes
     assert "import numpy.random" in notes["Paddle 2.6 with NumPy 2.1.0"].fix
     assert any("both paddlepaddle 2.6.2 and paddlepaddle-gpu 2.6.2" in key for key in notes)
+    assert len(notes) == 3
 
     # A Paddle before 2.6 is an error; a develop build, numbered 0.0.0, is not.
-    def errors(paddle_version):
-        found = cli.findings(dataclasses.replace(facts, paddle=paddle_version))
-        return [finding.what for finding in found if finding.severity == "error"]
+    def errors_of(paddle_version):
+        found, _ = errors_and_notes(dataclasses.replace(facts, paddle=paddle_version))
+        return [finding.what for finding in found]
 
-    assert errors("2.5.2") == ["Paddle 2.5.2 is older than 2.6, the oldest this package supports"]
-    assert errors("0.0.0") == errors("3.0.0rc1") == []
-
-
-def test_the_unscale_path_and_why(cli):
-    def status(state, reason=None):
-        return fused_cpu.BuildStatus(state, "/cache/helper", reason=reason)
-
-    assert cli.unscale_choice("gpu:0", status("built"), "paddle") == (
-        "paddle",
-        "Paddle's kernels, as on every gpu",
-    )
-    assert cli.unscale_choice("xpu:1", status("not built yet"), "paddle")[0] == "paddle"
-    path, why = cli.unscale_choice("cpu", status("disabled", "PADDLE_AMP_SCALER_FUSED=0"), "paddle")
-    assert path == "paddle" and "PADDLE_AMP_SCALER_FUSED=0 turns the compiled helper off" in why
-    path, why = cli.unscale_choice("cpu", status("failed", "g++: not found"), None)
-    assert path == "paddle" and "failed to build" in why
-    assert cli.unscale_choice("cpu", status("built"), "fused-cpu") == (
-        "fused-cpu",
-        "the compiled helper, on a CPU",
-    )
-    assert cli.unscale_choice("cpu", status("built"), "paddle")[0] == "paddle"
-    path, why = cli.unscale_choice("cpu", status("not built yet"), None)
-    assert path == "fused-cpu" and "once built" in why
-
-
-def test_a_failed_helper_is_a_note_with_its_log(cli):
-    facts = dataclasses.replace(
-        cli.gather_facts(),
-        helper=fused_cpu.BuildStatus("failed", "/cache/x", "/cache/x/build.log", "g++: not found"),
-    )
-    (note,) = [finding for finding in cli.findings(facts) if "helper" in finding.what]
-    assert note.severity == "note" and "g++: not found" in note.what
-    assert "/cache/x/build.log" in note.fix
-    assert "compiled helper   failed, in /cache/x (g++: not found); log: /cache/x/build.log" in (
-        cli.doctor_report(facts, [note])
-    )
+    assert errors_of("2.5.2") == [
+        "Paddle 2.5.2 is older than 2.6, the oldest this package supports"
+    ]
+    assert errors_of("0.0.0") == errors_of("3.0.0rc1") == []
 
 
 # -- inspect ---------------------------------------------------------------------------------
@@ -393,7 +390,11 @@ def test_inspect_as_json(trained):
     assert report["paddle_version"] == paddle.__version__
     saved = report["scaler"]
     assert saved["scale"] == scaler.get_loss_scaling() and saved["policy"] == "interval"
-    assert (saved["min_loss_scaling"], saved["max_loss_scaling"]) == (1.0, 4096.0)
+    assert saved["bounds"] == [1.0, 4096.0] and saved["use_dynamic_loss_scaling"] is True
+    assert (saved["incr_count"], saved["decr_count"]) == (
+        scaler.get_incr_count(),
+        scaler.get_decr_count(),
+    )
     stats = scaler.stats()
     assert {key: saved["stats"][key] for key in ("iterations", "skipped", "last_skipped")} == {
         "iterations": stats.iterations,
@@ -441,6 +442,7 @@ def test_inspect_shows_a_saved_policy_and_its_memory(tmp_path):
     )
     report = json.loads(run_cli("inspect", "--json", str(path), cwd=tmp_path).stdout)
     assert report["scaler"]["policy"] == "headroom" and report["scaler"]["headroom"] == memory
+    assert report["scaler"]["headroom_bits"] == pytest.approx(bits)
     # The interval rule's dict says so, and has no memory to show.
     interval = tmp_path / "interval.ckpt"
     save_quietly(interval, model=model, optimizer=optimizer, scaler=GradScaler(), step=1)
@@ -486,6 +488,10 @@ def test_inspect_refuses_what_is_no_readable_checkpoint(trained):
         (folder / name).write_bytes(content)
     write_payload(folder / "crafted", {"step": WritesAMarker(marker)})
     cases["crafted"] = (None, "tries to build io.open")
+    retyped = pickle.loads(data[HEADER_SIZE:])
+    retyped["models"] = 5
+    write_payload(folder / "retyped", retyped)
+    cases["retyped"] = (None, "was not written by save_checkpoint: its models is 5")
     cases["missing"] = (None, "No such file")
     for name, (_, message) in cases.items():
         result = run_cli("inspect", name, cwd=folder)
@@ -493,3 +499,39 @@ def test_inspect_refuses_what_is_no_readable_checkpoint(trained):
         assert result.stdout == "" and result.stderr.startswith("error: "), name
         assert message in result.stderr, (name, result.stderr)
     assert not marker.exists()
+
+
+def test_inspect_a_checkpoint_whose_extra_holds_itself_and_bytes(tmp_path):
+    model = make_model()
+    optimizer = paddle.optimizer.SGD(learning_rate=0.1, parameters=model.parameters())
+    loop = [1]
+    loop.append(loop)
+    extra = {"loop": loop, "marker": WritesAMarker(tmp_path / "marker"), "blob": b"\x00a"}
+    extra["self"] = extra
+    path = tmp_path / "run.ckpt"
+    save_quietly(path, model=model, optimizer=optimizer, scaler=GradScaler(), step=0, extra=extra)
+    result = run_cli("inspect", str(path), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    facts = fields(result.stdout)
+    assert facts["extra"] == "dict of 4 entries" and facts["loop"] == "list of 2"
+    assert facts["self"] == "dict of 4, holding objects not loaded: io.open"
+    # A value JSON has no type for is shown by its repr.
+    assert facts["blob"] == "bytes b'\\x00a'"
+    report = json.loads(run_cli("inspect", "--json", str(path), cwd=tmp_path).stdout)
+    entries = report["extra"]["entries"]
+    assert entries["self"] == {"type": "dict", "length": 4, "not_loaded": ["io.open"]}
+    assert entries["blob"] == {"type": "bytes", "repr": repr(b"\x00a")}
+    assert not (tmp_path / "marker").exists()
+
+
+def test_inspect_a_scaler_state_that_does_not_parse(trained):
+    path, _, _ = trained
+    payload = pickle.loads(path.read_bytes()[HEADER_SIZE:])
+    payload["scaler"]["incr_ratio"] = 0.5
+    write_payload(path, payload)
+    result = run_cli("inspect", str(path), cwd=path.parent)
+    assert result.returncode == 1, result.stdout
+    assert fields(result.stdout)["scaler"].startswith("its state does not parse: ")
+    assert "incr_ratio" in fields(result.stdout)["scaler"]
+    report = json.loads(run_cli("inspect", "--json", str(path), cwd=path.parent).stdout)
+    assert report["scaler"]["enabled"] is True and "incr_ratio" in report["scaler"]["error"]

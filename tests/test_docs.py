@@ -72,6 +72,8 @@ def test_a_block_runs_as_pasted_or_is_a_marked_fragment(code, tmp_path):
         assert os.path.isfile(os.path.join(ROOT, fragment[1])), fragment[1]
         return
     environment = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    # This checkout's package, not whatever copy is installed, as the examples' tests do.
+    environment["PYTHONPATH"] = ROOT
     result = subprocess.run(
         [sys.executable, "-c", code],
         cwd=tmp_path,

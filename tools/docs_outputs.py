@@ -55,6 +55,9 @@ def run(
     folder."""
     arguments = [sys.executable, *command.split()[1:]]
     environment = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    # This checkout's package, wherever the command runs: from the root, `python -m` finds
+    # it, but a script or a fresh folder would find whatever copy is installed.
+    environment["PYTHONPATH"] = ROOT
 
     def execute(arguments: list[str], cwd: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(

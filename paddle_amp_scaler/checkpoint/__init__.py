@@ -1,0 +1,249 @@
+"""Checkpoints of a whole training state that are atomic, verified, and resume exactly.
+
+``save_checkpoint`` writes models, optimizers, the scaler's ``state_dict()``, Paddle's
+RNG state, the step and the caller's ``extra`` as one payload of NumPy arrays and plain
+Python values, framed by a header with its checksum; ``load_checkpoint`` checks all of
+it against the live objects before it changes anything. By job:
+
+- ``file_format``: the header, its verification and the atomic write;
+- ``unpickling``: the reader that builds only what ``save_checkpoint`` writes;
+- ``training_state``: models, optimizers by parameter position, the RNG state;
+- ``summary``: what a checkpoint holds, as ``python -m paddle_amp_scaler inspect``
+  prints it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pickle
+from collections.abc import Sequence
+from typing import Any, TypeVar
+
+import paddle
+
+from ..core.state_dict import parse_state_dict
+from . import training_state
+from .file_format import FORMAT_VERSION, CheckpointError, framed, verified_body, write_atomically
+from .training_state import rng_state_survives_pickling
+from .unpickling import KEEP_NOT_LOADED, REFUSE, TRUST, NotLoaded, load_payload
+
+__all__ = [
+    "Checkpoint",
+    "CheckpointError",
+    "NotLoaded",
+    "inspect_checkpoint",
+    "load_checkpoint",
+    "read_checkpoint",
+    "rng_state_survives_pickling",
+    "save_checkpoint",
+]
+
+# What save_checkpoint writes under each key of the payload, besides "paddle_version"
+# (the Paddle that wrote it); models and optimizers are lists of dicts.
+_PAYLOAD: dict[str, type | tuple[type, ...]] = {
+    "step": int,
+    "models": list,
+    "optimizers": list,
+    "scaler": dict,
+    "rng": (dict, type(None)),
+    "extra": object,
+}
+_Item = TypeVar("_Item")
+_Saved = TypeVar("_Saved")
+
+
+@dataclasses.dataclass(frozen=True)
+class Checkpoint:
+    """A verified checkpoint's content, as read by :func:`read_checkpoint`."""
+
+    step: int
+    models: list[dict[str, Any]]
+    optimizers: list[dict[str, Any]]
+    scaler: dict[str, Any]
+    rng: dict[str, Any] | None
+    extra: Any
+    format_version: int = FORMAT_VERSION
+    # The Paddle that wrote it (checkpoints have always recorded it).
+    paddle_version: str | None = None
+
+
+def save_checkpoint(
+    path: str | os.PathLike[str],
+    *,
+    model: Any,
+    optimizer: Any,
+    scaler: Any,
+    step: int,
+    extra: Any = None,
+) -> None:
+    """Write model(s), optimizer(s), scaler, Paddle's RNG state, ``step`` and ``extra``.
+
+    The write is atomic: readers see the old file or the new one, never a mix. Where
+    this Paddle cannot save its RNG state, a ``UserWarning`` says so and the rest is
+    saved.
+
+    Args:
+        path: the file to write; its folder must exist.
+        model: a model (``paddle.nn.Layer``), or a list of them.
+        optimizer: an optimizer (a ``LossScaleOptimizer`` too), or a list of them.
+        scaler: the scaler, whose ``state_dict()`` is saved.
+        step: an int >= 0, what :func:`load_checkpoint` returns.
+        extra: any picklable value (data loader position, NumPy RNG state...);
+            :func:`read_checkpoint` gives it back, objects other than plain values and
+            NumPy arrays only with ``trust_extra=True``.
+    """
+    path = _path(path)
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ValueError(f"step must be an int >= 0, got {step!r}")
+    models = _objects(model, "model", "state_dict")
+    optimizers = _objects(optimizer, "optimizer", "state_dict")
+    _check_has(scaler, "scaler", "state_dict")
+    payload = {
+        "step": step,
+        "models": [training_state.model_state(live) for live in models],
+        "optimizers": [training_state.optimizer_state(live) for live in optimizers],
+        "scaler": scaler.state_dict(),
+        "rng": training_state.rng_state(),
+        "extra": extra,
+        "paddle_version": paddle.__version__,
+    }
+    write_atomically(path, framed(pickle.dumps(payload, protocol=4)))
+
+
+def read_checkpoint(path: str | os.PathLike[str], *, trust_extra: bool = False) -> Checkpoint:
+    """Read and verify a checkpoint without applying it; raises CheckpointError naming
+    the path and the problem.
+
+    Only what ``save_checkpoint`` writes is built: NumPy arrays and plain Python values
+    (dicts, lists, numbers, strings...). Objects of other classes in ``extra`` make it
+    raise, unless ``trust_extra=True``: then ``extra`` is unpickled as it stands, which
+    runs whatever code its author put in it; pass it only for files you wrote yourself or
+    whose source you trust. Objects anywhere else are refused even then.
+    """
+    if not isinstance(trust_extra, bool):
+        raise TypeError(f"trust_extra must be True or False, got {trust_extra!r}")
+    return _read(_path(path), TRUST if trust_extra else REFUSE)
+
+
+def inspect_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
+    """Read and verify a checkpoint, as :func:`read_checkpoint` does, building nothing
+    but plain values: each object of another class in ``extra`` stays a
+    :class:`NotLoaded`, which names its class. What ``python -m paddle_amp_scaler
+    inspect`` shows."""
+    return _read(_path(path), KEEP_NOT_LOADED)
+
+
+def load_checkpoint(
+    path: str | os.PathLike[str],
+    *,
+    model: Any,
+    optimizer: Any,
+    scaler: Any,
+    trust_extra: bool = False,
+) -> int:
+    """Restore model(s), optimizer(s), scaler and Paddle's RNG state; return the step.
+
+    Everything is checked first (file integrity, the number of models and optimizers,
+    every name and shape, the scaler state): on any problem a ``CheckpointError``
+    naming the path is raised and nothing has changed. The whole file is read, ``extra``
+    included.
+
+    Args:
+        path: a file written by :func:`save_checkpoint`.
+        model: the model, or list of models, to restore: as many as were saved, in the
+            same order.
+        optimizer: the optimizer, or list of optimizers, likewise.
+        scaler: the scaler to restore.
+        trust_extra: a checkpoint whose ``extra`` holds objects other than plain values
+            and NumPy arrays loads only with True, which runs code from the file to
+            build them (as :func:`read_checkpoint`): for files you wrote yourself.
+
+    Returns:
+        The ``step`` that was saved.
+    """
+    path = _path(path)
+    models = _objects(model, "model", "set_state_dict")
+    optimizers = _objects(optimizer, "optimizer", "set_state_dict")
+    _check_has(scaler, "scaler", "load_state_dict")
+    checkpoint = read_checkpoint(path, trust_extra=trust_extra)
+    try:
+        for live, saved in _paired(models, checkpoint.models, "models"):
+            training_state.check_model_state(live, saved)
+        optimizer_states = [
+            training_state.rebuild_optimizer_state(live, saved)
+            for live, saved in _paired(optimizers, checkpoint.optimizers, "optimizers")
+        ]
+        if scaler.is_enable():
+            if not checkpoint.scaler:
+                raise ValueError("it was saved from a disabled scaler, but this scaler is enabled")
+            # Checked whole here, so that a bad one fails before anything has changed.
+            parse_state_dict(checkpoint.scaler)
+    except (TypeError, ValueError) as error:
+        raise CheckpointError(f"checkpoint {path!r} does not fit: {error}") from None
+
+    for live, saved in zip(models, checkpoint.models):
+        live.set_state_dict(saved)
+    for live, state in zip(optimizers, optimizer_states):
+        live.set_state_dict(state)
+    scaler.load_state_dict(checkpoint.scaler)
+    training_state.restore_rng(checkpoint.rng, path)
+    return checkpoint.step
+
+
+def _read(path: str, extra_objects: str) -> Checkpoint:
+    version, body = verified_body(path)
+    payload = load_payload(body, path, tuple(_PAYLOAD), extra_objects)
+    for key, kind in _PAYLOAD.items():
+        value = payload[key]
+        if not isinstance(value, kind) or (
+            isinstance(value, list) and not all(isinstance(item, dict) for item in value)
+        ):
+            # Verified, allowed, and still not what save_checkpoint writes: crafted.
+            raise CheckpointError(
+                f"checkpoint {path!r} was not written by save_checkpoint: its {key} is "
+                f"{value!r:.60}"
+            )
+    return Checkpoint(
+        **{key: payload[key] for key in _PAYLOAD},
+        format_version=version,
+        paddle_version=payload.get("paddle_version"),
+    )
+
+
+def _path(path: Any) -> str:
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a str or an os.PathLike, got {type(path).__name__}")
+    return os.fspath(path)
+
+
+_KINDS = {
+    "model": "a paddle.nn.Layer",
+    "optimizer": "an optimizer",
+    "scaler": "a scaler such as GradScaler",
+}
+
+
+def _objects(value: Any, name: str, method: str) -> list[Any]:
+    """``value``, one object or a list of them, as a list, each with ``method``."""
+    items = list(value) if isinstance(value, (list, tuple)) else [value]
+    if not items:
+        raise ValueError(f"{name} must be {_KINDS[name]} or a non-empty list of them, got []")
+    for item in items:
+        _check_has(item, name, method)
+    return items
+
+
+def _check_has(value: Any, name: str, method: str) -> None:
+    # Said here, before an AttributeError deep inside would say it in its own words.
+    if not callable(getattr(value, method, None)):
+        raise TypeError(
+            f"{name} must be {_KINDS[name]} (an object with .{method}()), "
+            f"got {type(value).__name__}"
+        )
+
+
+def _paired(live: Sequence[_Item], saved: Sequence[_Saved], what: str) -> zip[tuple[_Item, _Saved]]:
+    if len(live) != len(saved):
+        raise ValueError(f"{len(live)} {what} given, the checkpoint holds {len(saved)}")
+    return zip(live, saved)

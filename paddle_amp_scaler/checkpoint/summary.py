@@ -1,0 +1,120 @@
+"""What a checkpoint holds, as plain JSON values: what ``python -m paddle_amp_scaler
+inspect`` prints, kept beside the code that writes the payload so that the two change
+together."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ..core.state_dict import parse_state_dict
+from ..core.statistics import headroom_bits
+from . import Checkpoint
+from .unpickling import NotLoaded, not_loaded_in
+
+
+def summarize(path: str, content: Checkpoint) -> dict[str, Any]:
+    """``content``, read from ``path`` by :func:`inspect_checkpoint`, as plain values."""
+    return {
+        "path": path,
+        "format_version": content.format_version,
+        # inspect_checkpoint reads no file whose checksum fails.
+        "checksum": "holds",
+        "paddle_version": content.paddle_version,
+        "step": content.step,
+        "scaler": _scaler(content.scaler),
+        "models": [_model(model) for model in content.models],
+        "optimizers": [_optimizer(optimizer) for optimizer in content.optimizers],
+        "rng": _rng(content.rng),
+        "extra": _extra(content.extra),
+    }
+
+
+def _scaler(state: Mapping[str, Any]) -> dict[str, Any]:
+    if not state:
+        return {"enabled": False}
+    try:
+        saved = parse_state_dict(state)
+    except (TypeError, ValueError) as error:
+        return {"enabled": True, "error": str(error)}
+    memory = saved.headroom
+    summary = {
+        "enabled": True,
+        **dataclasses.asdict(saved),
+        # A dict without a policy is the interval rule's, which every scaler follows by
+        # default.
+        "policy": saved.policy or "interval",
+        "headroom_bits": None if memory is None else headroom_bits(memory["amax"]),
+    }
+    if saved.stats is not None:
+        # The counts the state dict saves: it keeps no headroom_bits, and the scale is
+        # the one beside them.
+        del summary["stats"]["scale"], summary["stats"]["headroom_bits"]
+    return summary
+
+
+def _model(state: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "tensors": len(state),
+        "values": sum(value.size for value in state.values() if isinstance(value, np.ndarray)),
+        "entries": {name: _value(value) for name, value in state.items()},
+    }
+
+
+def _optimizer(state: Mapping[str, Any]) -> dict[str, Any]:
+    accumulators: dict[str, int] = {}
+    for _, suffix in state.get("accumulators", {}):
+        # Paddle names an accumulator after its parameter: "linear_0.w_0" + "_moment1_0".
+        name = suffix.lstrip("_")
+        accumulators[name] = accumulators.get(name, 0) + 1
+    return {
+        "parameters": state.get("parameter_count"),
+        "accumulators": accumulators,
+        "master_weights": len(state.get("master_weights", {})),
+        "other": sorted(str(key) for key in state.get("other", {})),
+    }
+
+
+def _rng(rng: Mapping[str, Any] | None) -> dict[str, Any]:
+    if rng is None:
+        return {"saved": False}
+    return {
+        "saved": True,
+        "device": str(rng.get("device")),
+        "generators": len(rng.get("states", ())),
+    }
+
+
+def _extra(extra: Any) -> dict[str, Any]:
+    """``extra`` as :func:`_value` says it, and each entry of a dict the same way."""
+    summary = _value(extra)
+    if isinstance(extra, dict):
+        summary["entries"] = {str(key): _value(entry) for key, entry in extra.items()}
+    return summary
+
+
+def _value(value: Any) -> dict[str, Any]:
+    """A value's type; the value itself if short (its repr, where JSON has no such
+    value); an array's shape and dtype; a container's length and the classes of the
+    objects left unbuilt in it; an object left unbuilt by its class's name."""
+    if isinstance(value, NotLoaded) or (isinstance(value, type) and issubclass(value, NotLoaded)):
+        return {"type": "object", "class": f"{value.module}.{value.name}", "loaded": False}
+    if isinstance(value, np.ndarray):
+        return {"type": "ndarray", "shape": list(value.shape), "dtype": str(value.dtype)}
+    summary: dict[str, Any] = {"type": type(value).__name__}
+    if isinstance(value, (dict, list, tuple, set, frozenset)):
+        summary["length"] = len(value)
+        unbuilt = {f"{kind.module}.{kind.name}" for _, kind in not_loaded_in(value, "")}
+        if unbuilt:
+            summary["not_loaded"] = sorted(unbuilt)
+        return summary
+    plain = value.item() if isinstance(value, np.generic) else value
+    if len(repr(plain)) <= 60:
+        if isinstance(plain, (bool, int, float, str, type(None))):
+            summary["value"] = plain
+        else:  # bytes, complex, range...: JSON has no such value
+            summary["repr"] = repr(plain)
+    return summary

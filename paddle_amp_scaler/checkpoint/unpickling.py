@@ -1,0 +1,196 @@
+"""The payload's reader: it builds only what ``save_checkpoint`` writes.
+
+The checksum finds corruption, not tampering, and a pickle can run any code its author
+put in it. So the payload is read by an unpickler that builds NumPy arrays, dtypes and
+scalars, Paddle's generator state and plain Python values, and nothing else: every
+other class or function the file names is left unbuilt, as a :class:`NotLoaded` that
+says what it would have been. Objects in ``extra``, the one place a user's own objects
+go, are built only when the caller trusts the file.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import io
+import pickle
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import paddle
+
+from .file_format import CheckpointError
+
+# What load_payload does with objects in extra: refuse them, unpickle them, or leave
+# them unbuilt.
+REFUSE, TRUST, KEEP_NOT_LOADED = "refuse", "trust", "keep"
+
+
+class NotLoaded:
+    """An object of a checkpoint that was not built, because building it would run code
+    from the file: the class attributes ``module`` and ``name`` say what it would have
+    been. Objects in ``extra`` come back as these from :func:`inspect_checkpoint`."""
+
+    module = ""
+    name = ""
+
+    # The unpickler calls a class with the arguments the file gives, then hands it the
+    # saved state and, for a list or dict subclass, the items: all taken and dropped.
+    def __new__(cls, *args: Any, **kwargs: Any) -> NotLoaded:
+        return super().__new__(cls)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def __setstate__(self, state: Any) -> None:
+        pass
+
+    def append(self, item: Any) -> None:
+        pass
+
+    def extend(self, items: Any) -> None:
+        pass
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        pass
+
+    def __repr__(self) -> str:
+        return f"<{self.module}.{self.name}, not loaded>"
+
+
+@functools.cache
+def _allowed() -> dict[tuple[str, str], Any]:
+    """What a payload may build, by the (module, name) its pickle refers to."""
+    # The functions NumPy's own pickles call to rebuild an array and a scalar, under the
+    # module NumPy 1.x writes and the one 2.x writes: a file from either loads on both.
+    rebuild_array = np.empty(0).__reduce__()[0]
+    rebuild_scalar = np.float64(0).__reduce__()[0]
+    allowed: dict[tuple[str, str], Any] = {
+        ("numpy", "ndarray"): np.ndarray,
+        ("numpy", "dtype"): np.dtype,
+        ("collections", "OrderedDict"): collections.OrderedDict,
+    }
+    for module in ("numpy.core.multiarray", "numpy._core.multiarray"):
+        allowed[(module, "_reconstruct")] = rebuild_array
+        allowed[(module, "scalar")] = rebuild_scalar
+    # Plain values that pickle by naming a builtin type.
+    for kind in (complex, set, frozenset, bytearray, slice, range):
+        allowed[("builtins", kind.__name__)] = kind
+    # Paddle's RNG state: a generator's seed, offset and engine numbers, rebuilt by
+    # Paddle's own C++ from those values alone.
+    generator_state = type(paddle.get_rng_state("cpu")[0])
+    allowed[(generator_state.__module__, generator_state.__qualname__)] = generator_state
+    return allowed
+
+
+class _AllowListUnpickler(pickle.Unpickler):
+    """Builds what ``_allowed()`` names; every other class or function the pickle refers
+    to becomes a :class:`NotLoaded` subclass that records its name, so that nothing
+    from the file runs and the caller can say where such objects were."""
+
+    def __init__(self, body: bytes) -> None:
+        super().__init__(io.BytesIO(body))
+        self.refused: dict[tuple[str, str], type[NotLoaded]] = {}
+
+    def find_class(self, module: str, name: str) -> Any:
+        allowed = _allowed().get((module, name))
+        if allowed is not None:
+            return allowed
+        if (module, name) not in self.refused:
+            self.refused[(module, name)] = type(
+                f"NotLoaded[{module}.{name}]", (NotLoaded,), {"module": module, "name": name}
+            )
+        return self.refused[(module, name)]
+
+
+def load_payload(body: bytes, path: str, keys: Sequence[str], extra_objects: str) -> dict[str, Any]:
+    """The payload: a dict with at least ``keys``, of which only ``extra`` may hold
+    objects outside the allow-list, which ``extra_objects`` refuses, trusts or keeps
+    unbuilt. ``CheckpointError`` naming ``path`` for anything else."""
+    unpickler = _AllowListUnpickler(body)
+    try:
+        payload = unpickler.load()
+    except Exception as error:
+        refused = ", ".join(f"{module}.{name}" for module, name in unpickler.refused)
+        hint = (
+            f" (it refers to {refused}, which a checkpoint is not allowed to build; if they "
+            "are in its extra and you trust the file, pass trust_extra=True)"
+            if refused
+            else ""
+        )
+        raise CheckpointError(
+            f"checkpoint {path!r} has an unreadable payload: {error}{hint}"
+        ) from None
+    if not isinstance(payload, dict) or not set(keys) <= set(payload):
+        found = next(not_loaded_in(payload, "the payload itself"), None)
+        if found is not None:
+            raise _crafted(path, *found)
+        raise CheckpointError(
+            f"checkpoint {path!r} has an unreadable payload: not the dict save_checkpoint "
+            f"writes (keys {list(keys)})"
+        )
+    for key, value in payload.items():
+        if key != "extra":
+            found = next(not_loaded_in(value, key), None)
+            if found is not None:
+                raise _crafted(path, *found)
+    in_extra = list(not_loaded_in(payload["extra"], "extra"))
+    if not in_extra or extra_objects == KEEP_NOT_LOADED:
+        return payload
+    if extra_objects == REFUSE:
+        where, kind = in_extra[0]
+        names = list(dict.fromkeys(f"{kind.module}.{kind.name}" for _, kind in in_extra))
+        others = f" (objects of {len(names) - 1} more: {', '.join(names[1:])})" if names[1:] else ""
+        raise CheckpointError(
+            f"checkpoint {path!r} holds objects in its extra that only code from the file "
+            f"can build: {where} is built by {names[0]}{others}. If you trust this file "
+            "(you wrote it), pass trust_extra=True, which unpickles extra as it stands and "
+            "so runs that code"
+        )
+    try:
+        # The rest of the payload has been seen to refer to nothing outside the allow-list:
+        # the code this runs is the extra's.
+        payload["extra"] = pickle.loads(body)["extra"]
+    except Exception as error:
+        raise CheckpointError(
+            f"checkpoint {path!r}: its extra could not be unpickled: {error}"
+        ) from None
+    return payload
+
+
+def _crafted(path: str, where: str, kind: type[NotLoaded]) -> CheckpointError:
+    return CheckpointError(
+        f"checkpoint {path!r} was not written by save_checkpoint: its payload tries to "
+        f"build {kind.module}.{kind.name} (as {where}), which no checkpoint holds there; "
+        "it was refused, and nothing from the file ran"
+    )
+
+
+def not_loaded_in(value: Any, where: str) -> Iterator[tuple[str, type[NotLoaded]]]:
+    """(where, class) of each object left unbuilt (a :class:`NotLoaded`) in ``value``,
+    outer ones first; ``where`` names it from ``where``, as ``extra['sampler']``."""
+    queue: collections.deque[tuple[Any, str]] = collections.deque([(value, where)])
+    seen: set[int] = set()  # a pickle may hold cycles
+    while queue:
+        item, at = queue.popleft()
+        if isinstance(item, NotLoaded):
+            yield at, type(item)
+        elif isinstance(item, type) and issubclass(item, NotLoaded):
+            yield at, item
+        elif id(item) in seen:
+            continue
+        elif isinstance(item, dict):
+            seen.add(id(item))
+            for key, entry in item.items():
+                queue.append((key, f"a key of {at}"))
+                queue.append((entry, f"{at}[{key!r}]"))
+        elif isinstance(item, (list, tuple)):
+            seen.add(id(item))
+            queue.extend((entry, f"{at}[{index}]") for index, entry in enumerate(item))
+        elif isinstance(item, (set, frozenset)):
+            seen.add(id(item))
+            queue.extend((entry, f"an item of {at}") for entry in item)
+        elif isinstance(item, np.ndarray) and item.dtype == object:
+            seen.add(id(item))
+            queue.extend((entry, f"{at}[{index}]") for index, entry in np.ndenumerate(item))

@@ -1,0 +1,158 @@
+"""``inspect PATH``: print what a checkpoint holds, as the checkpoint code summarizes it
+(``paddle_amp_scaler.checkpoint.summary``), in lines or as JSON. Reading the file runs no
+code from it: objects in its ``extra`` are named, never built."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from ..checkpoint import CheckpointError, inspect_checkpoint
+from ..checkpoint.summary import summarize
+from .report import line
+
+
+def run(path: str, as_json: bool) -> int:
+    """Print the summary of ``path``; 1, with the reason on standard error, for a file
+    that is no readable checkpoint or a scaler state that does not parse."""
+    try:
+        content = inspect_checkpoint(path)
+    except (CheckpointError, OSError) as error:
+        sys.stderr.write(f"error: {error}\n")
+        return 1
+    summary = summarize(path, content)
+    sys.stdout.write((json.dumps(summary) if as_json else inspect_report(summary)) + "\n")
+    return 0 if summary["scaler"].get("error") is None else 1
+
+
+def inspect_report(summary: Mapping[str, Any]) -> str:
+    """What ``inspect`` prints: a line per fact, indented lines for the parts."""
+    lines = [
+        line("checkpoint", summary["path"]),
+        line("format", f"version {summary['format_version']}, SHA-256 checksum holds"),
+        line("written with", f"Paddle {summary['paddle_version'] or '(not recorded)'}"),
+        line("step", summary["step"]),
+    ]
+    lines += _scaler_lines(summary["scaler"])
+    lines.append(line("models", len(summary["models"])))
+    for index, model in enumerate(summary["models"]):
+        lines.append(line(f"  model {index}", _model_text(model)))
+    lines.append(line("optimizers", len(summary["optimizers"])))
+    for index, optimizer in enumerate(summary["optimizers"]):
+        lines.append(line(f"  optimizer {index}", _optimizer_text(optimizer)))
+    rng = summary["rng"]
+    generators = f"{rng.get('generators')} generator{'s' if rng.get('generators') != 1 else ''}"
+    lines.append(
+        line(
+            "RNG state",
+            f"saved ({rng['device']}, {generators})"
+            if rng["saved"]
+            else "not saved (the Paddle that wrote it cannot save its position)",
+        )
+    )
+    return "\n".join(lines + _extra_lines(summary["extra"]))
+
+
+def _scaler_lines(scaler: Mapping[str, Any]) -> list[str]:
+    if not scaler["enabled"]:
+        return [line("scaler", "disabled (saved from GradScaler(enable=False))")]
+    if "error" in scaler:
+        return [line("scaler", f"its state does not parse: {scaler['error']}")]
+    kind = "dynamic" if scaler["use_dynamic_loss_scaling"] else "static"
+    bounds = "not saved (Paddle's own defaults apply)"
+    if scaler["bounds"] is not None:
+        low, high = scaler["bounds"]
+        bounds = f"min_loss_scaling {low}, max_loss_scaling {_none(high)}"
+    lines = [
+        line("scaler", f"{kind} loss scaling"),
+        line("  scale", scaler["scale"]),
+        line("  counters", _named(scaler, "incr_count", "decr_count")),
+        line("  ratios", _named(scaler, "incr_ratio", "decr_ratio")),
+        line("  periods", _named(scaler, "incr_every_n_steps", "decr_every_n_nan_or_inf")),
+        line("  policy", scaler["policy"]),
+        line("  bounds", bounds),
+    ]
+    memory, bits = scaler["headroom"], scaler["headroom_bits"]
+    if memory is not None:
+        below_top = "" if bits is None else f" ({bits:.2f} bits below float16's top)"
+        grown_at = memory["grown_at"] if memory["grown_at"] >= 0 else None
+        lines.append(
+            line(
+                "  headroom",
+                f"margin {memory['margin']} bits, last amax {memory['amax']:g}{below_top}, "
+                f"last grew at iteration {_none(grown_at)}",
+            )
+        )
+    if scaler["stats"] is not None:
+        lines.append(line("  stats", _named(scaler["stats"], *scaler["stats"])))
+    return lines
+
+
+def _named(values: Mapping[str, Any], *keys: str) -> str:
+    """``keys`` with their values: "incr_count 3, decr_count 0"."""
+    return ", ".join(f"{key} {_none(values[key])}" for key in keys)
+
+
+def _none(value: Any) -> Any:
+    return "none" if value is None else value
+
+
+def _model_text(model: Mapping[str, Any], shown: int = 4) -> str:
+    entries = list(model["entries"].items())
+    parts = [f"{name} {_tensor_text(entry)}" for name, entry in entries[:shown]]
+    if len(entries) > shown:
+        parts.append(f"... ({len(entries) - shown} more)")
+    return f"{model['tensors']} tensors, {model['values']:,} values: " + ", ".join(parts)
+
+
+def _tensor_text(entry: Mapping[str, Any]) -> str:
+    if entry["type"] == "ndarray":
+        return f"{entry['shape']} {entry['dtype']}"
+    return _value_text(entry)
+
+
+def _optimizer_text(optimizer: Mapping[str, Any]) -> str:
+    counts = optimizer["accumulators"].items()
+    accumulators = ", ".join(f"{name} x{count}" for name, count in counts)
+    parts = [
+        f"{optimizer['parameters']} parameters",
+        f"accumulators: {accumulators or 'none'}",
+        f"master weights: {optimizer['master_weights'] or 'none'}",
+    ]
+    if optimizer["other"]:
+        parts.append("also " + ", ".join(optimizer["other"]))
+    return "; ".join(parts)
+
+
+def _extra_lines(extra: Mapping[str, Any]) -> list[str]:
+    if extra["type"] == "NoneType":
+        return [line("extra", "none")]
+    if "entries" not in extra:
+        return [line("extra", _value_text(extra))]
+    count = len(extra["entries"])
+    lines = [line("extra", f"{extra['type']} of {count} {'entry' if count == 1 else 'entries'}")]
+    lines += [line(f"  {key}", _value_text(entry)) for key, entry in extra["entries"].items()]
+    return lines
+
+
+def _value_text(entry: Mapping[str, Any]) -> str:
+    kind = entry["type"]
+    if kind == "object":
+        return (
+            f"an object built by {entry['class']}, not loaded: building it runs code from "
+            "the file, which read_checkpoint(path, trust_extra=True) does"
+        )
+    if kind == "ndarray":
+        return f"ndarray {entry['shape']} {entry['dtype']}"
+    if "length" in entry:
+        text = f"{kind} of {entry['length']}"
+        if entry.get("not_loaded"):
+            text += f", holding objects not loaded: {', '.join(entry['not_loaded'])}"
+        return text
+    if "value" in entry:
+        return f"{kind} {entry['value']!r}"
+    if "repr" in entry:
+        return f"{kind} {entry['repr']}"
+    return str(kind)
