@@ -436,18 +436,17 @@ def test_inspect_shows_a_saved_policy_and_its_memory(tmp_path):
     facts = fields(result.stdout)
     assert facts["policy"] == "headroom"
     bits = scaler.stats().headroom_bits
-    assert facts["headroom"] == (
-        f"margin {memory['margin']} bits, last amax {memory['amax']:g} ({bits:.2f} bits "
-        "below float16's top), last grew at iteration 1"
-    )
+    assert facts["memory"] == ", ".join(f"{key} {value}" for key, value in memory.items())
+    assert memory["grown_at"] == 1 and memory["amax"] > 0
+    assert facts["headroom"] == f"{bits:.2f} bits below float16's top"
     report = json.loads(run_cli("inspect", "--json", str(path), cwd=tmp_path).stdout)
-    assert report["scaler"]["policy"] == "headroom" and report["scaler"]["headroom"] == memory
+    assert report["scaler"]["policy"] == "headroom" and report["scaler"]["memory"] == memory
     assert report["scaler"]["headroom_bits"] == pytest.approx(bits)
     # The interval rule's dict says so, and has no memory to show.
     interval = tmp_path / "interval.ckpt"
     save_quietly(interval, model=model, optimizer=optimizer, scaler=GradScaler(), step=1)
     facts = fields(run_cli("inspect", str(interval), cwd=tmp_path).stdout)
-    assert facts["policy"] == "interval" and "headroom" not in facts
+    assert facts["policy"] == "interval" and "memory" not in facts and "headroom" not in facts
 
 
 def test_inspect_names_objects_in_extra_and_runs_none(tmp_path):

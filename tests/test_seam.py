@@ -115,38 +115,6 @@ def test_the_modules_checked_include_every_face_and_helper():
 
 
 CHECKPOINT_MODULES = ("__init__", "file_format", "unpickling", "training_state", "summary")
-# What the command line and the checkpoint code take from the core, by module.
-THEIR_CORE_IMPORTS = {
-    "optimizers": {"parameters_of"},
-    "state_dict": {"parse_state_dict"},
-    "statistics": {"headroom_bits"},
-}
-
-
-def core_imports(source):
-    """{core module: names} that ``source`` imports from ``paddle_amp_scaler.core``."""
-    found = {}
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.ImportFrom) and node.module and "core" in node.module.split("."):
-            parts = node.module.split(".")
-            inside = parts[parts.index("core") + 1 :]
-            # "from ..core import optimizers" names modules, "from ..core.x import y" names.
-            for alias in node.names:
-                module, name = (inside[0], alias.name) if inside else (alias.name, "*")
-                found.setdefault(module, set()).add(name)
-    return found
-
-
-def test_the_command_line_and_checkpoints_take_little_from_the_core():
-    taken = {}
-    for path in [*PACKAGE.glob("cli/*.py"), *PACKAGE.glob("checkpoint/*.py")]:
-        for module, names in core_imports(path.read_text()).items():
-            taken.setdefault(module, set()).update(names)
-    assert taken == THEIR_CORE_IMPORTS
-    # The check sees both spellings of an import from the core.
-    planted = "from ..core import fused_cpu\nfrom ..core.unscale_paths import PADDLE_PATH\n"
-    assert core_imports(planted) == {"fused_cpu": {"*"}, "unscale_paths": {"PADDLE_PATH"}}
-
 
 def test_every_allowed_name_is_a_member_and_documented():
     members = set(dir(GradScaler)) | set(vars(GradScaler()))

@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 
+from ..core.interval import IntervalRule
 from ..core.state_dict import parse_state_dict
-from ..core.statistics import headroom_bits
 from . import Checkpoint
 from .unpickling import NotLoaded, not_loaded_in
 
@@ -40,14 +40,14 @@ def _scaler(state: Mapping[str, Any]) -> dict[str, Any]:
         saved = parse_state_dict(state)
     except (TypeError, ValueError) as error:
         return {"enabled": True, "error": str(error)}
-    memory = saved.headroom
+    # A dict without a policy is the interval rule's, which every scaler follows by
+    # default.
+    rule = saved.rule_over(IntervalRule())
     summary = {
         "enabled": True,
         **dataclasses.asdict(saved),
-        # A dict without a policy is the interval rule's, which every scaler follows by
-        # default.
-        "policy": saved.policy or "interval",
-        "headroom_bits": None if memory is None else headroom_bits(memory["amax"]),
+        "policy": rule.name,
+        "headroom_bits": rule.headroom_bits(saved.memory_at(rule, saved.scale)),
     }
     if saved.stats is not None:
         # The counts the state dict saves: it keeps no headroom_bits, and the scale is

@@ -74,17 +74,11 @@ def _scaler_lines(scaler: Mapping[str, Any]) -> list[str]:
         line("  policy", scaler["policy"]),
         line("  bounds", bounds),
     ]
-    memory, bits = scaler["headroom"], scaler["headroom_bits"]
-    if memory is not None:
-        below_top = "" if bits is None else f" ({bits:.2f} bits below float16's top)"
-        grown_at = memory["grown_at"] if memory["grown_at"] >= 0 else None
-        lines.append(
-            line(
-                "  headroom",
-                f"margin {memory['margin']} bits, last amax {memory['amax']:g}{below_top}, "
-                f"last grew at iteration {_none(grown_at)}",
-            )
-        )
+    if scaler["memory"]:  # the rule's own memory, where it keeps one
+        lines.append(line("  memory", _named(scaler["memory"], *scaler["memory"])))
+    if scaler["headroom_bits"] is not None:
+        bits = scaler["headroom_bits"]
+        lines.append(line("  headroom", f"{bits:.2f} bits below float16's top"))
     if scaler["stats"] is not None:
         lines.append(line("  stats", _named(scaler["stats"], *scaler["stats"])))
     return lines

@@ -236,22 +236,22 @@ class HeadroomRule(IntervalRule):
 
     @classmethod
     def memory_from_state(cls, value: Any, name: str) -> dict[str, Any]:
-        keys = ("margin", "margin_at", "anchor", "grown_at", "amax")
-        validation.check_keys(value, name, keys)
+        # Where each field of the memory may lie; those in FLOATS are numbers, the rest ints.
+        bounds: dict[str, tuple[Any, Any]] = {
+            "margin": (MIN_MARGIN, MAX_MARGIN),
+            "margin_at": (0, INT32_MAX),
+            "anchor": (0, FLOAT32_MAX),
+            "grown_at": (NEVER, INT32_MAX),
+            "amax": (0, FLOAT32_MAX),
+        }
+        validation.check_keys(value, name, tuple(bounds))
         return {
-            "margin": validation.check_int_within(
-                value["margin"], f"{name}['margin']", MIN_MARGIN, MAX_MARGIN
-            ),
-            "margin_at": validation.check_int_within(
-                value["margin_at"], f"{name}['margin_at']", 0, INT32_MAX
-            ),
-            "grown_at": validation.check_int_within(
-                value["grown_at"], f"{name}['grown_at']", NEVER, INT32_MAX
-            ),
-            **{
-                key: validation.check_number_within(value[key], f"{name}[{key!r}]", 0, FLOAT32_MAX)
-                for key in ("anchor", "amax")
-            },
+            key: (
+                validation.check_number_within
+                if key in HeadroomMemory.FLOATS
+                else validation.check_int_within
+            )(value[key], f"{name}[{key!r}]", *bounds[key])
+            for key in bounds
         }
 
 
