@@ -98,12 +98,7 @@ def check_consistency(scaler: Any, group: Group | None) -> None:
         "scale": stats.scale,
         "incr_count": scaler.get_incr_count(),
         "decr_count": scaler.get_decr_count(),
-        "iterations": stats.iterations,
-        "skipped": stats.skipped,
-        "skip_streak": stats.skip_streak,
-        "last_skipped": -1 if stats.last_skipped is None else stats.last_skipped,
-        "growths": stats.growths,
-        "backoffs": stats.backoffs,
+        **stats.to_state(),
     }
     names = list(values)
     mine = paddle.to_tensor([float(values[name]) for name in names], dtype=paddle.float64)

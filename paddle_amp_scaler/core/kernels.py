@@ -82,20 +82,6 @@ def unscale_and_check_(
     return Verdict(any_of(flags) if flags else all_finite, amax=amax)
 
 
-def unscale_check_and_tally_(
-    grads: Sequence[Tensor], scale: Tensor, all_finite: Tensor, *, measure: bool = False
-) -> tuple[Verdict, Tensor | None]:
-    """``unscale_and_check_`` of ``grads`` (each present and non-empty), also counting each
-    one's inf and nan elements before it is unscaled: an int64 [len(grads), 2] tensor of
-    (infs, nans), None when there are no grads. Five operations more per gradient."""
-    if not grads:
-        return Verdict(all_finite), None
-    tally = paddle.stack(
-        [paddle.stack([paddle.isinf(grad).sum(), paddle.isnan(grad).sum()]) for grad in grads]
-    )
-    return unscale_and_check_(grads, scale, all_finite, measure=measure), tally
-
-
 def zero_if_found_(grads: Sequence[Tensor | None], found_inf: Tensor) -> None:
     """Set every gradient (None for a missing one) to zero when ``found_inf`` holds, decided
     on the device: one launch per dtype group."""

@@ -2,9 +2,8 @@
 
 "Found inf or nan" says nothing about where. With ``report_overflows=True`` each
 unscale also counts, per gradient as backward left it, its inf and its nan elements
-(queued on the device, no read); the
-iteration's end reads the counts once, keeps those of an iteration that found any,
-and logs it.
+(queued on the device, no read); the iteration's end reads the counts once, keeps those
+of an iteration that found any, and logs it.
 """
 
 from __future__ import annotations
@@ -72,14 +71,17 @@ class OverflowRecorder:
         measure: bool = False,
     ) -> Verdict:
         """``kernels.unscale_and_check_`` of ``grads``, the gradients of ``params``,
-        queueing each one's inf and nan counts, taken before it is unscaled."""
+        queueing each one's inf and nan counts: five operations more per gradient."""
         checked = [(param, grad) for param, grad in zip(params, grads) if kernels.is_checked(grad)]
-        verdict, tally = kernels.unscale_check_and_tally_(
-            [grad for _, grad in checked], scale, all_finite, measure=measure
-        )
-        if tally is not None:
-            self._pending.append(([(param, grad.dtype) for param, grad in checked], tally))
-        return verdict
+        if checked:
+            # Counted before the unscale writes the gradients in place.
+            counts = [
+                paddle.stack([paddle.isinf(grad).sum(), paddle.isnan(grad).sum()])
+                for _, grad in checked
+            ]
+            owners = [(param, grad.dtype) for param, grad in checked]
+            self._pending.append((owners, paddle.stack(counts)))
+        return kernels.unscale_and_check_(grads, scale, all_finite, measure=measure)
 
     def end_iteration(self, iteration: int, found_inf: bool | Tensor) -> None:
         """Read this iteration's counts and verdict (one device read); keep the counts of

@@ -69,9 +69,10 @@ class AmpScaler(TensorsOnHost):
     after ``decr_every_n_nan_or_inf`` iterations with inf/nan, grow after
     ``incr_every_n_steps`` finite ones), or ``HeadroomRule`` (grow as soon as the
     gradients leave room below float16's ceiling), and a step whose gradients hold
-    inf/nan leaves parameters and optimizer state untouched. The scale, both counters
-    and the verdict stay on the device: ``scale``, ``unscale_``, ``minimize``, ``step``
-    and ``update`` never wait for it; the getters, ``stats`` and ``state_dict`` read it.
+    inf/nan leaves parameters and optimizer state untouched. The scale and the verdict
+    stay on the device, the counters too unless the optimizer leaves the verdict on the
+    host: ``scale``, ``unscale_``, ``minimize``, ``step`` and ``update`` never wait for
+    the device; the getters, ``stats`` and ``state_dict`` read it.
 
     Args:
         enable: False makes every method a pass-through (``scale`` returns the loss).
@@ -512,7 +513,7 @@ class AmpScaler(TensorsOnHost):
         skipped iteration, growths, back-offs, the scale and, under a rule that measures
         the gradients, their headroom (one read of the device)."""
         if not self._enable:
-            return ScalerStats.nothing_yet()
+            return ScalerStats(0, 0, 0, None, 0, 0, scale=1.0)
         return self._read()[1]
 
     def last_step_skipped(self) -> bool:

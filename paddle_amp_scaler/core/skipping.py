@@ -45,9 +45,8 @@ class Strategy:
 
 
 class DecidedOnHost(Strategy):
-    """The verdict is on the host already, with nothing to wait for: skip by not calling
-    the optimizer, which then never reads a flag (on a CPU that spares it a read through
-    ``Tensor.__bool__``)."""
+    """The verdict is on the host already (a replaced ``_unscale`` decided it there): skip
+    by not calling the optimizer, which then reads no flag."""
 
     def step(self, run_step: Callable[[], Any], verdict: Verdict) -> Stepped:
         return (SKIPPED if verdict.on_host else run_step()), verdict.on_host

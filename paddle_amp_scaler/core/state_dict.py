@@ -69,18 +69,17 @@ class SavedScaler:
         rule's type where the dict names one, else of the current one's."""
         rule_type = type(current) if self.policy is None else RULES[self.policy]
         lower, upper = self.bounds or (current.min_scale, current.max_scale)
-        settings = {
-            field.name: getattr(current, field.name) for field in dataclasses.fields(current)
-        }
-        settings.update(
-            incr_ratio=self.incr_ratio,
-            decr_ratio=self.decr_ratio,
-            incr_every_n_steps=self.incr_every_n_steps,
-            decr_every_n_nan_or_inf=self.decr_every_n_nan_or_inf,
-            min_scale=lower,
-            max_scale=upper,
+        return rule_type(
+            **{
+                **vars(current),
+                "incr_ratio": self.incr_ratio,
+                "decr_ratio": self.decr_ratio,
+                "incr_every_n_steps": self.incr_every_n_steps,
+                "decr_every_n_nan_or_inf": self.decr_every_n_nan_or_inf,
+                "min_scale": lower,
+                "max_scale": upper,
+            }
         )
-        return rule_type(**settings)
 
     def scale_within(self, lower: float, upper: float | None) -> float:
         """The saved scale, clamped into the bounds, with a warning if that changed it."""
@@ -146,6 +145,14 @@ def parse_state_dict(state_dict: Mapping[str, Any]) -> SavedScaler:
     """
     if not isinstance(state_dict, Mapping):
         raise TypeError(f"state_dict must be a dict, got {type(state_dict).__name__}")
+    try:
+        return _parsed(state_dict)
+    except TypeError as error:
+        # In a saved dict a value of the wrong kind is a bad value of its key.
+        raise ValueError(str(error)) from None
+
+
+def _parsed(state_dict: Mapping[str, Any]) -> SavedScaler:
     if "growth_factor" in state_dict:
         source_key = {ours: theirs for theirs, ours in _TORCH_TO_PADDLE.items()}
         values: dict[str, Any] = dict(_TORCH_IMPLIED)
@@ -158,18 +165,18 @@ def parse_state_dict(state_dict: Mapping[str, Any]) -> SavedScaler:
         values[ours] = state_dict[theirs]
 
     def checked(key: str, check: Callable[..., Any], *args: Any) -> Any:
-        name = f"state_dict[{source_key.get(key, key)!r}]"
-        try:
-            return check(values[key], name, *args)
-        except (TypeError, ValueError) as error:
-            raise ValueError(str(error)) from None
+        return check(values[key], f"state_dict[{source_key.get(key, key)!r}]", *args)
 
     incr_every_n_steps = checked("incr_every_n_steps", validation.check_period)
     decr_every_n_nan_or_inf = checked("decr_every_n_nan_or_inf", validation.check_period)
     policy = _policy_in(state_dict)
-    rule = RULES[policy or "interval"](incr_every_n_steps=incr_every_n_steps)
+    rule = RULES[policy or IntervalRule.name]
     # A rule that does not grow by the counters counts finite iterations past the period.
-    counted_up_to = rule.grows_every or INT32_MAX
+    counted_up_to = rule(incr_every_n_steps=incr_every_n_steps).grows_every or INT32_MAX
+    memory = None
+    if rule.state_key is not None:
+        name = f"state_dict[{rule.state_key!r}]"
+        memory = rule.memory_from_state(state_dict.get(rule.state_key), name)
     return SavedScaler(
         scale=checked("scale", _check_scale_value),
         incr_ratio=checked("incr_ratio", validation.check_incr_ratio),
@@ -190,31 +197,17 @@ def parse_state_dict(state_dict: Mapping[str, Any]) -> SavedScaler:
             else None
         ),
         policy=policy,
-        memory=_memory_in(state_dict, policy),
+        memory=memory,
     )
 
 
 def _policy_in(state_dict: Mapping[str, Any]) -> str | None:
     if "policy" in state_dict:
-        try:
-            return rule_named(state_dict["policy"], "state_dict['policy']").name
-        except TypeError as error:
-            raise ValueError(str(error)) from None
+        return rule_named(state_dict["policy"], "state_dict['policy']").name
     for rule in RULES.values():
         if rule.state_key is not None and rule.state_key in state_dict:
             raise ValueError(f"state_dict has {rule.state_key!r} but is missing the key 'policy'")
     return None
-
-
-def _memory_in(state_dict: Mapping[str, Any], policy: str | None) -> dict[str, Any] | None:
-    rule = None if policy is None else RULES[policy]
-    if rule is None or rule.state_key is None:
-        return None
-    name = f"state_dict[{rule.state_key!r}]"
-    try:
-        return rule.memory_from_state(state_dict.get(rule.state_key), name)
-    except TypeError as error:
-        raise ValueError(str(error)) from None
 
 
 def _bounds_in(state_dict: Mapping[str, Any]) -> tuple[float, float | None] | None:
@@ -225,10 +218,7 @@ def _bounds_in(state_dict: Mapping[str, Any]) -> tuple[float, float | None] | No
         missing = next(key for key in _BOUND_KEYS if key not in present)
         raise ValueError(f"state_dict has {present[0]!r} but is missing the key {missing!r}")
     names = [f"state_dict[{key!r}]" for key in _BOUND_KEYS]
-    try:
-        return validation.check_bounds(*(state_dict[key] for key in _BOUND_KEYS), *names)
-    except TypeError as error:
-        raise ValueError(str(error)) from None
+    return validation.check_bounds(*(state_dict[key] for key in _BOUND_KEYS), *names)
 
 
 _BOUND_KEYS = ("min_loss_scaling", "max_loss_scaling")

@@ -48,10 +48,6 @@ class ScalerStats:
     scale: float
     headroom_bits: float | None = None
 
-    @classmethod
-    def nothing_yet(cls, scale: float = 1.0) -> ScalerStats:
-        return cls(0, 0, 0, None, 0, 0, scale)
-
     def to_state(self) -> dict[str, int]:
         """The counts as a dict of ints, for state dicts (``last_skipped`` 0 for None)."""
         state = {field: getattr(self, field) for field in _STATE_FIELDS}
@@ -63,16 +59,13 @@ _STATE_FIELDS = ("iterations", "skipped", "skip_streak", "last_skipped", "growth
 
 
 def parse_stats_state(value: Any, name: str) -> ScalerStats:
-    """A ``to_state()`` dict, checked for consistency; ValueError naming ``name``."""
+    """A ``to_state()`` dict, checked for consistency; ``ValueError`` (``TypeError`` for a
+    value of the wrong kind) naming ``name``."""
     validation.check_keys(value, name, _STATE_FIELDS)
-    counts = {}
-    for field in _STATE_FIELDS:
-        try:
-            counts[field] = validation.check_int_within(
-                value[field], f"{name}[{field!r}]", 0, 2**63 - 1
-            )
-        except TypeError as error:
-            raise ValueError(str(error)) from None
+    counts = {
+        field: validation.check_int_within(value[field], f"{name}[{field!r}]", 0, 2**63 - 1)
+        for field in _STATE_FIELDS
+    }
     iterations, skipped, streak, last = (
         counts["iterations"],
         counts["skipped"],
