@@ -18,7 +18,10 @@ from .unpickling import not_loaded_in, unbuilt
 
 def summarize(path: str, content: Checkpoint) -> dict[str, Any]:
     """``content``, read from ``path`` by :func:`inspect_checkpoint`, as plain values."""
-    rng = content.rng
+    rng: dict[str, Any] = {"saved": content.rng is not None}
+    if content.rng is not None:
+        rng["device"] = str(content.rng.get("device"))
+        rng["generators"] = len(content.rng.get("states", ()))
     extra = _value(content.extra)
     if isinstance(content.extra, dict):
         extra["entries"] = {str(key): _value(entry) for key, entry in content.extra.items()}
@@ -32,13 +35,7 @@ def summarize(path: str, content: Checkpoint) -> dict[str, Any]:
         "scaler": _scaler(content.scaler),
         "models": [_model(model) for model in content.models],
         "optimizers": [_optimizer(optimizer) for optimizer in content.optimizers],
-        "rng": {"saved": False}
-        if rng is None
-        else {
-            "saved": True,
-            "device": str(rng.get("device")),
-            "generators": len(rng.get("states", ())),
-        },
+        "rng": rng,
         "extra": extra,
     }
 

@@ -104,9 +104,10 @@ def load_payload(
     # file is made for.
     found = next(not_loaded_in(outside_extra, "payload"), None)
     if found is not None:
+        where, built_by = found
         raise CheckpointError(
             f"checkpoint {path!r} was not written by save_checkpoint: its payload tries to "
-            f"build {found[1]} (as {found[0]}), which no checkpoint holds there; it was "
+            f"build {built_by} (as {where}), which no checkpoint holds there; it was "
             "refused, and nothing from the file ran"
         )
     not_written = f"checkpoint {path!r} was not written by save_checkpoint: its"
