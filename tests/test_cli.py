@@ -91,13 +91,8 @@ def test_doctor_on_this_machine(tmp_path):
     assert facts["Python"].startswith(platform.python_version())
     assert facts["NumPy"] == np.__version__
     assert facts["Paddle"].startswith(f"{paddle.__version__}, CPU build")
-    assert facts["CUDA"] == facts["cuDNN"] == facts["GPU kernels for"] == "none (CPU build)"
+    assert facts["CUDA"] == facts["GPU kernels for"] == "none (CPU build)"
     assert facts["devices"] == "cpu (current: cpu)"
-    assert facts["scaler"] == (
-        "Paddle's kernels on cpu (check_finite_and_unscale, update_loss_scaling)"
-    )
-    saves = "save the random generator" if rng_state_survives_pickling() else "leave the random"
-    assert facts["checkpoints"].startswith(saves)
     assert result.stdout.rstrip().endswith("Nothing here stands in the way of training.")
     # The compiled helper and the choice of an unscale path are gone from the package.
     assert "helper" not in result.stdout and "unscale path" not in result.stdout
@@ -166,7 +161,6 @@ def cuda_facts(paddle_version, cuda_archs, gpus):
         paddle=paddle_version,
         build="CUDA",
         cuda="12.0",
-        cudnn="8.9",
         cuda_archs=cuda_archs,
         gpus=tuple(gpus),
         device="gpu:0",
@@ -235,7 +229,7 @@ def test_doctor_fails_with_the_fix_on_a_gpu_paddle_has_no_kernels_for(monkeypatc
     assert shown["GPU kernels for"] == (
         "not listed by Paddle 2.6.2: a kernel tried on each GPU decides"
     )
-    assert shown["scaler"].startswith("Paddle's kernels on gpu:0 ")
+    assert shown["devices"] == "cpu, gpu:0 (current: gpu:0)"
     assert f"error: {error.what}\n  fix: {error.fix}" in report
     assert "Nothing here stands in the way" not in report
     assert main(["doctor", "--json"]) == 1

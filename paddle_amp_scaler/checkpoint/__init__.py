@@ -18,13 +18,13 @@ import dataclasses
 import os
 import pickle
 from collections.abc import Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 import paddle
 
 from ..core.state_dict import parse_state_dict
 from . import training_state
-from .file_format import FORMAT_VERSION, CheckpointError, framed, verified_body, write_atomically
+from .file_format import CheckpointError, framed, verified_body, write_atomically
 from .training_state import rng_state_survives_pickling
 from .unpickling import KEEP_NOT_LOADED, REFUSE, TRUST, NotLoaded, load_payload
 
@@ -39,18 +39,16 @@ __all__ = [
     "save_checkpoint",
 ]
 
-# What save_checkpoint writes under each key of the payload, besides "paddle_version"
-# (the Paddle that wrote it); models and optimizers are lists of dicts.
+# What save_checkpoint writes under each key of the payload, besides "extra" (anything);
+# models and optimizers are lists of dicts.
 _PAYLOAD: dict[str, type | tuple[type, ...]] = {
     "step": int,
     "models": list,
     "optimizers": list,
     "scaler": dict,
     "rng": (dict, type(None)),
-    "extra": object,
+    "paddle_version": str,  # the Paddle that wrote it
 }
-_Item = TypeVar("_Item")
-_Saved = TypeVar("_Saved")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,9 +61,8 @@ class Checkpoint:
     scaler: dict[str, Any]
     rng: dict[str, Any] | None
     extra: Any
-    format_version: int = FORMAT_VERSION
-    # The Paddle that wrote it (checkpoints have always recorded it).
-    paddle_version: str | None = None
+    paddle_version: str  # the Paddle that wrote it
+    format_version: int
 
 
 def save_checkpoint(
@@ -98,7 +95,8 @@ def save_checkpoint(
         raise ValueError(f"step must be an int >= 0, got {step!r}")
     models = _objects(model, "model", "state_dict")
     optimizers = _objects(optimizer, "optimizer", "state_dict")
-    _check_has(scaler, "scaler", "state_dict")
+    # One scaler serves every model and optimizer: wrapped, a list given here is refused.
+    _objects([scaler], "scaler", "state_dict")
     payload = {
         "step": step,
         "models": [training_state.model_state(live) for live in models],
@@ -165,7 +163,7 @@ def load_checkpoint(
     path = _path(path)
     models = _objects(model, "model", "set_state_dict")
     optimizers = _objects(optimizer, "optimizer", "set_state_dict")
-    _check_has(scaler, "scaler", "load_state_dict")
+    _objects([scaler], "scaler", "load_state_dict")
     checkpoint = read_checkpoint(path, trust_extra=trust_extra)
     try:
         for live, saved in _paired(models, checkpoint.models, "models"):
@@ -193,22 +191,8 @@ def load_checkpoint(
 
 def _read(path: str, extra_objects: str) -> Checkpoint:
     version, body = verified_body(path)
-    payload = load_payload(body, path, tuple(_PAYLOAD), extra_objects)
-    for key, kind in _PAYLOAD.items():
-        value = payload[key]
-        if not isinstance(value, kind) or (
-            isinstance(value, list) and not all(isinstance(item, dict) for item in value)
-        ):
-            # Verified, allowed, and still not what save_checkpoint writes: crafted.
-            raise CheckpointError(
-                f"checkpoint {path!r} was not written by save_checkpoint: its {key} is "
-                f"{value!r:.60}"
-            )
-    return Checkpoint(
-        **{key: payload[key] for key in _PAYLOAD},
-        format_version=version,
-        paddle_version=payload.get("paddle_version"),
-    )
+    payload = load_payload(body, path, _PAYLOAD, extra_objects)
+    return Checkpoint(**{key: payload[key] for key in (*_PAYLOAD, "extra")}, format_version=version)
 
 
 def _path(path: Any) -> str:
@@ -230,20 +214,16 @@ def _objects(value: Any, name: str, method: str) -> list[Any]:
     if not items:
         raise ValueError(f"{name} must be {_KINDS[name]} or a non-empty list of them, got []")
     for item in items:
-        _check_has(item, name, method)
+        # Said here, before an AttributeError deep inside would say it in its own words.
+        if not callable(getattr(item, method, None)):
+            raise TypeError(
+                f"{name} must be {_KINDS[name]} (an object with .{method}()), "
+                f"got {type(item).__name__}"
+            )
     return items
 
 
-def _check_has(value: Any, name: str, method: str) -> None:
-    # Said here, before an AttributeError deep inside would say it in its own words.
-    if not callable(getattr(value, method, None)):
-        raise TypeError(
-            f"{name} must be {_KINDS[name]} (an object with .{method}()), "
-            f"got {type(value).__name__}"
-        )
-
-
-def _paired(live: Sequence[_Item], saved: Sequence[_Saved], what: str) -> zip[tuple[_Item, _Saved]]:
+def _paired(live: Sequence[Any], saved: Sequence[Any], what: str) -> zip[tuple[Any, Any]]:
     if len(live) != len(saved):
         raise ValueError(f"{len(live)} {what} given, the checkpoint holds {len(saved)}")
     return zip(live, saved)

@@ -13,11 +13,18 @@ import numpy as np
 from ..core.interval import IntervalRule
 from ..core.state_dict import parse_state_dict
 from . import Checkpoint
-from .unpickling import NotLoaded, not_loaded_in
+from .unpickling import not_loaded_in, unbuilt
 
 
 def summarize(path: str, content: Checkpoint) -> dict[str, Any]:
     """``content``, read from ``path`` by :func:`inspect_checkpoint`, as plain values."""
+    rng: dict[str, Any] = {"saved": content.rng is not None}
+    if content.rng is not None:
+        rng["device"] = str(content.rng.get("device"))
+        rng["generators"] = len(content.rng.get("states", ()))
+    extra = _value(content.extra)
+    if isinstance(content.extra, dict):
+        extra["entries"] = {str(key): _value(entry) for key, entry in content.extra.items()}
     return {
         "path": path,
         "format_version": content.format_version,
@@ -28,8 +35,8 @@ def summarize(path: str, content: Checkpoint) -> dict[str, Any]:
         "scaler": _scaler(content.scaler),
         "models": [_model(model) for model in content.models],
         "optimizers": [_optimizer(optimizer) for optimizer in content.optimizers],
-        "rng": _rng(content.rng),
-        "extra": _extra(content.extra),
+        "rng": rng,
+        "extra": extra,
     }
 
 
@@ -78,38 +85,21 @@ def _optimizer(state: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _rng(rng: Mapping[str, Any] | None) -> dict[str, Any]:
-    if rng is None:
-        return {"saved": False}
-    return {
-        "saved": True,
-        "device": str(rng.get("device")),
-        "generators": len(rng.get("states", ())),
-    }
-
-
-def _extra(extra: Any) -> dict[str, Any]:
-    """``extra`` as :func:`_value` says it, and each entry of a dict the same way."""
-    summary = _value(extra)
-    if isinstance(extra, dict):
-        summary["entries"] = {str(key): _value(entry) for key, entry in extra.items()}
-    return summary
-
-
 def _value(value: Any) -> dict[str, Any]:
     """A value's type; the value itself if short (its repr, where JSON has no such
     value); an array's shape and dtype; a container's length and the classes of the
     objects left unbuilt in it; an object left unbuilt by its class's name."""
-    if isinstance(value, NotLoaded) or (isinstance(value, type) and issubclass(value, NotLoaded)):
-        return {"type": "object", "class": f"{value.module}.{value.name}", "loaded": False}
+    built_by = unbuilt(value)
+    if built_by is not None:
+        return {"type": "object", "class": built_by, "loaded": False}
     if isinstance(value, np.ndarray):
         return {"type": "ndarray", "shape": list(value.shape), "dtype": str(value.dtype)}
     summary: dict[str, Any] = {"type": type(value).__name__}
     if isinstance(value, (dict, list, tuple, set, frozenset)):
         summary["length"] = len(value)
-        unbuilt = {f"{kind.module}.{kind.name}" for _, kind in not_loaded_in(value, "")}
-        if unbuilt:
-            summary["not_loaded"] = sorted(unbuilt)
+        inside = sorted({built_by for _, built_by in not_loaded_in(value, "")})
+        if inside:
+            summary["not_loaded"] = inside
         return summary
     plain = value.item() if isinstance(value, np.generic) else value
     if len(repr(plain)) <= 60:

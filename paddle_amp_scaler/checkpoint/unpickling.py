@@ -14,7 +14,7 @@ import collections
 import functools
 import io
 import pickle
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -40,20 +40,10 @@ class NotLoaded:
     def __new__(cls, *args: Any, **kwargs: Any) -> NotLoaded:
         return super().__new__(cls)
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def _drop(self, *args: Any, **kwargs: Any) -> None:
         pass
 
-    def __setstate__(self, state: Any) -> None:
-        pass
-
-    def append(self, item: Any) -> None:
-        pass
-
-    def extend(self, items: Any) -> None:
-        pass
-
-    def __setitem__(self, key: Any, value: Any) -> None:
-        pass
+    __init__ = __setstate__ = append = extend = __setitem__ = _drop
 
     def __repr__(self) -> str:
         return f"<{self.module}.{self.name}, not loaded>"
@@ -89,58 +79,52 @@ class _AllowListUnpickler(pickle.Unpickler):
     to becomes a :class:`NotLoaded` subclass that records its name, so that nothing
     from the file runs and the caller can say where such objects were."""
 
-    def __init__(self, body: bytes) -> None:
-        super().__init__(io.BytesIO(body))
-        self.refused: dict[tuple[str, str], type[NotLoaded]] = {}
-
     def find_class(self, module: str, name: str) -> Any:
         allowed = _allowed().get((module, name))
         if allowed is not None:
             return allowed
-        if (module, name) not in self.refused:
-            self.refused[(module, name)] = type(
-                f"NotLoaded[{module}.{name}]", (NotLoaded,), {"module": module, "name": name}
-            )
-        return self.refused[(module, name)]
+        return type(f"NotLoaded[{module}.{name}]", (NotLoaded,), {"module": module, "name": name})
 
 
-def load_payload(body: bytes, path: str, keys: Sequence[str], extra_objects: str) -> dict[str, Any]:
-    """The payload: a dict with at least ``keys``, of which only ``extra`` may hold
+def load_payload(
+    body: bytes, path: str, kinds: Mapping[str, type | tuple[type, ...]], extra_objects: str
+) -> dict[str, Any]:
+    """The payload as ``save_checkpoint`` writes it: a dict with ``extra`` and each key of
+    ``kinds`` holding a value of its kind (a list: of dicts). Only ``extra`` may hold
     objects outside the allow-list, which ``extra_objects`` refuses, trusts or keeps
     unbuilt. ``CheckpointError`` naming ``path`` for anything else."""
-    unpickler = _AllowListUnpickler(body)
     try:
-        payload = unpickler.load()
+        payload = _AllowListUnpickler(io.BytesIO(body)).load()
     except Exception as error:
-        refused = ", ".join(f"{module}.{name}" for module, name in unpickler.refused)
-        hint = (
-            f" (it refers to {refused}, which a checkpoint is not allowed to build; if they "
-            "are in its extra and you trust the file, pass trust_extra=True)"
-            if refused
-            else ""
-        )
+        raise CheckpointError(f"checkpoint {path!r} has an unreadable payload: {error}") from None
+    outside_extra = payload
+    if isinstance(payload, dict):
+        outside_extra = {key: value for key, value in payload.items() if key != "extra"}
+    # Said first: an object built where save_checkpoint writes none is what a crafted
+    # file is made for.
+    found = next(not_loaded_in(outside_extra, "payload"), None)
+    if found is not None:
+        where, built_by = found
         raise CheckpointError(
-            f"checkpoint {path!r} has an unreadable payload: {error}{hint}"
-        ) from None
-    if not isinstance(payload, dict) or not set(keys) <= set(payload):
-        found = next(not_loaded_in(payload, "the payload itself"), None)
-        if found is not None:
-            raise _crafted(path, *found)
-        raise CheckpointError(
-            f"checkpoint {path!r} has an unreadable payload: not the dict save_checkpoint "
-            f"writes (keys {list(keys)})"
+            f"checkpoint {path!r} was not written by save_checkpoint: its payload tries to "
+            f"build {built_by} (as {where}), which no checkpoint holds there; it was "
+            "refused, and nothing from the file ran"
         )
-    for key, value in payload.items():
-        if key != "extra":
-            found = next(not_loaded_in(value, key), None)
-            if found is not None:
-                raise _crafted(path, *found)
+    not_written = f"checkpoint {path!r} was not written by save_checkpoint: its"
+    if not isinstance(payload, dict) or not {*kinds, "extra"} <= payload.keys():
+        raise CheckpointError(f"{not_written} payload is not a dict of {[*kinds, 'extra']}")
+    for key, kind in kinds.items():
+        value = payload[key]
+        if not isinstance(value, kind) or (
+            isinstance(value, list) and not all(isinstance(item, dict) for item in value)
+        ):
+            raise CheckpointError(f"{not_written} {key} is {value!r:.60}")
     in_extra = list(not_loaded_in(payload["extra"], "extra"))
     if not in_extra or extra_objects == KEEP_NOT_LOADED:
         return payload
     if extra_objects == REFUSE:
-        where, kind = in_extra[0]
-        names = list(dict.fromkeys(f"{kind.module}.{kind.name}" for _, kind in in_extra))
+        where = in_extra[0][0]
+        names = list(dict.fromkeys(name for _, name in in_extra))
         others = f" (objects of {len(names) - 1} more: {', '.join(names[1:])})" if names[1:] else ""
         raise CheckpointError(
             f"checkpoint {path!r} holds objects in its extra that only code from the file "
@@ -159,25 +143,17 @@ def load_payload(body: bytes, path: str, keys: Sequence[str], extra_objects: str
     return payload
 
 
-def _crafted(path: str, where: str, kind: type[NotLoaded]) -> CheckpointError:
-    return CheckpointError(
-        f"checkpoint {path!r} was not written by save_checkpoint: its payload tries to "
-        f"build {kind.module}.{kind.name} (as {where}), which no checkpoint holds there; "
-        "it was refused, and nothing from the file ran"
-    )
-
-
-def not_loaded_in(value: Any, where: str) -> Iterator[tuple[str, type[NotLoaded]]]:
-    """(where, class) of each object left unbuilt (a :class:`NotLoaded`) in ``value``,
-    outer ones first; ``where`` names it from ``where``, as ``extra['sampler']``."""
+def not_loaded_in(value: Any, where: str) -> Iterator[tuple[str, str]]:
+    """(where, what) of each object left unbuilt (a :class:`NotLoaded`) in ``value``,
+    outer ones first: ``where`` names it from ``where``, as ``extra['sampler']``, and
+    ``what`` is the class or function that would have built it, as ``mymodule.Sampler``."""
     queue: collections.deque[tuple[Any, str]] = collections.deque([(value, where)])
     seen: set[int] = set()  # a pickle may hold cycles
     while queue:
         item, at = queue.popleft()
-        if isinstance(item, NotLoaded):
-            yield at, type(item)
-        elif isinstance(item, type) and issubclass(item, NotLoaded):
-            yield at, item
+        what = unbuilt(item)
+        if what is not None:
+            yield at, what
         elif id(item) in seen:
             continue
         elif isinstance(item, dict):
@@ -194,3 +170,12 @@ def not_loaded_in(value: Any, where: str) -> Iterator[tuple[str, type[NotLoaded]
         elif isinstance(item, np.ndarray) and item.dtype == object:
             seen.add(id(item))
             queue.extend((entry, f"{at}[{index}]") for index, entry in np.ndenumerate(item))
+
+
+def unbuilt(value: Any) -> str | None:
+    """What would have built ``value``, an object left unbuilt (or the class or function
+    itself, where the file named one), as ``module.name``; None for anything else."""
+    kind: type[Any] = value if isinstance(value, type) else type(value)
+    if not issubclass(kind, NotLoaded):
+        return None
+    return f"{kind.module}.{kind.name}"

@@ -44,11 +44,10 @@ def build_parser() -> argparse.ArgumentParser:
     doctor_command = commands.add_parser(
         "doctor",
         help="the environment as the package sees it, and what stands in the way of training",
-        description="Print Python, NumPy and Paddle (build, CUDA, cuDNN, the GPU "
-        "architectures its kernels were built for, where Paddle lists them), the devices "
-        "and whether Paddle's kernels cover each GPU (one small kernel is tried on each), "
-        "and whether checkpoints save the random generator. Exits with 1, saying how to "
-        "fix it, when something cannot work.",
+        description="Print Python, NumPy and Paddle (build, CUDA, the GPU architectures "
+        "its kernels were built for, where Paddle lists them), the devices and whether "
+        "Paddle's kernels cover each GPU (one small kernel is tried on each). Exits with 1, "
+        "saying how to fix it, when something cannot work.",
     )
     doctor_command.add_argument("--json", action="store_true", help="one JSON object, for scripts")
     inspect_command = commands.add_parser(

@@ -25,7 +25,6 @@ import numpy as np
 import paddle
 
 from .._version import __version__
-from ..checkpoint import rng_state_survives_pickling
 from .report import line
 
 PADDLE_INSTALL_PAGE = "https://www.paddlepaddle.org.cn/en/install/quick"
@@ -61,18 +60,15 @@ class Facts:
     python_executable: str
     numpy: str
     paddle: str
-    paddle_commit: str
     paddle_distributions: tuple[str, ...]
     build: str  # "CPU", "CUDA", "ROCm", "XPU" or "custom device"
     cuda: str | None
-    cudnn: str | None
     # The compute capabilities Paddle's kernels were compiled for (86 for sm_86), as
     # paddle.version.cuda_archs() lists them; None where Paddle does not list them.
     cuda_archs: tuple[int, ...] | None
     device: str
     gpus: tuple[Gpu, ...]
     other_devices: tuple[str, ...]
-    rng_in_checkpoints: bool | None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,7 +84,8 @@ class Finding:
 def gather_facts() -> Facts:
     """The facts of this environment, read from Paddle; one small Paddle kernel runs on
     each visible GPU, the test that settles whether its kernels cover it."""
-    build = _build()
+    other_devices = _other_devices()
+    build = _build(other_devices)
     return Facts(
         package_file=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
         python=platform.python_version(),
@@ -97,27 +94,24 @@ def gather_facts() -> Facts:
         python_executable=os.path.abspath(sys.executable),
         numpy=np.__version__,
         paddle=paddle.__version__,
-        paddle_commit=str(paddle.version.commit),
         paddle_distributions=_paddle_distributions(),
         build=build,
         cuda=_version_or_none(paddle.version.cuda()),
-        cudnn=_version_or_none(paddle.version.cudnn()),
         cuda_archs=_cuda_archs(build),
         device=str(paddle.device.get_device()),
         gpus=_gpus(build),
-        other_devices=_other_devices(),
-        rng_in_checkpoints=_rng_in_checkpoints(),
+        other_devices=other_devices,
     )
 
 
-def _build() -> str:
+def _build(other_devices: tuple[str, ...]) -> str:
     if paddle.is_compiled_with_rocm():
         return "ROCm"
     if paddle.is_compiled_with_cuda():
         return "CUDA"
     if paddle.is_compiled_with_xpu():
         return "XPU"
-    if _other_devices():
+    if other_devices:
         return "custom device"
     return "CPU"
 
@@ -146,18 +140,12 @@ def _cuda_archs(build: str) -> tuple[int, ...] | None:
 def _gpus(build: str) -> tuple[Gpu, ...]:
     if build != "CUDA":
         return ()
-    gpus = []
-    for index in range(paddle.device.cuda.device_count()):
-        properties = paddle.device.cuda.get_device_properties(index)
-        gpus.append(
-            Gpu(
-                index,
-                str(properties.name),
-                (int(properties.major), int(properties.minor)),
-                _probe(index),
-            )
-        )
-    return tuple(gpus)
+    cuda = paddle.device.cuda
+    properties = [cuda.get_device_properties(index) for index in range(cuda.device_count())]
+    return tuple(
+        Gpu(index, str(gpu.name), (int(gpu.major), int(gpu.minor)), _probe(index))
+        for index, gpu in enumerate(properties)
+    )
 
 
 def _probe(index: int) -> str | None:
@@ -182,13 +170,6 @@ def _other_devices() -> tuple[str, ...]:
         return tuple(str(name) for name in paddle.device.get_available_custom_device())
     except Exception:  # Paddle without custom-device support
         return ()
-
-
-def _rng_in_checkpoints() -> bool | None:
-    try:
-        return rng_state_survives_pickling()
-    except Exception:  # a device that runs no kernel, which doctor reports on its own
-        return None
 
 
 # -- the verdicts, pure functions of the facts --------------------------------------------
@@ -304,37 +285,28 @@ def doctor_report(facts: Facts, found: Sequence[Finding]) -> str:
     """What ``doctor`` prints: a line per fact, then the findings."""
     none = f"none ({facts.build} build)"
     distributions = ", ".join(facts.paddle_distributions) or "no pip distribution"
+    devices = ["cpu"] + [f"gpu:{gpu.index}" for gpu in facts.gpus] + list(facts.other_devices)
     lines = [
         line("paddle_amp_scaler", f"{__version__} ({_shown(facts.package_file)})"),
         line("Python", f"{facts.python} ({_shown(facts.python_executable)})"),
         line("NumPy", facts.numpy),
-        line(
-            "Paddle",
-            f"{facts.paddle}, {facts.build} build ({distributions}, "
-            f"commit {facts.paddle_commit[:12]})",
-        ),
+        line("Paddle", f"{facts.paddle}, {facts.build} build ({distributions})"),
         line("CUDA", facts.cuda or none),
-        line("cuDNN", facts.cudnn or none),
         line("GPU kernels for", _kernels_text(facts) or none),
-        line("devices", _devices_text(facts)),
+        line("devices", ", ".join(devices) + f" (current: {facts.device})"),
     ]
-    lines += [
-        line("", f"{_gpu_name(gpu)}: {_coverage_text(gpu_coverage(gpu, facts.cuda_archs))}")
-        for gpu in facts.gpus
-    ]
-    lines += [
-        line(
-            "scaler",
-            f"Paddle's kernels on {facts.device} (check_finite_and_unscale, update_loss_scaling)",
-        ),
-        line("checkpoints", _rng_text(facts.rng_in_checkpoints)),
-        "",
-    ]
+    for gpu in facts.gpus:
+        coverage = gpu_coverage(gpu, facts.cuda_archs)
+        lines.append(line("", f"{_gpu_name(gpu)}: {_VERDICTS[coverage.covered]}, {coverage.how}"))
+    lines.append("")
     for finding in found:
         lines += [f"{finding.severity}: {finding.what}", f"  fix: {finding.fix}"]
     if not any(finding.severity == "error" for finding in found):
         lines.append("Nothing here stands in the way of training.")
     return "\n".join(lines)
+
+
+_VERDICTS = {True: "covered", False: "NOT covered", None: "cannot tell"}
 
 
 def _shown(path: str) -> str:
@@ -350,27 +322,6 @@ def _kernels_text(facts: Facts) -> str | None:
     if facts.build in ("CUDA", "ROCm"):
         return f"not listed by Paddle {facts.paddle}: a kernel tried on each GPU decides"
     return None
-
-
-def _devices_text(facts: Facts) -> str:
-    names = ["cpu"] + [f"gpu:{gpu.index}" for gpu in facts.gpus] + list(facts.other_devices)
-    return ", ".join(names) + f" (current: {facts.device})"
-
-
-def _coverage_text(coverage: Coverage) -> str:
-    verdict = {True: "covered", False: "NOT covered", None: "cannot tell"}[coverage.covered]
-    return f"{verdict}, {coverage.how}"
-
-
-def _rng_text(survives: bool | None) -> str:
-    if survives is None:
-        return "cannot tell whether Paddle can save its random generator's position"
-    if survives:
-        return "save the random generator's position: dropout repeats after a resume"
-    return (
-        "leave the random generator out: this Paddle cannot save its position, so dropout "
-        "draws other numbers after a resume"
-    )
 
 
 def run(as_json: bool) -> int:

@@ -29,30 +29,30 @@ def run(path: str, as_json: bool) -> int:
 
 def inspect_report(summary: Mapping[str, Any]) -> str:
     """What ``inspect`` prints: a line per fact, indented lines for the parts."""
+    models, optimizers, rng = summary["models"], summary["optimizers"], summary["rng"]
+    generators = f"{rng.get('generators')} generator{'' if rng.get('generators') == 1 else 's'}"
     lines = [
         line("checkpoint", summary["path"]),
         line("format", f"version {summary['format_version']}, SHA-256 checksum holds"),
-        line("written with", f"Paddle {summary['paddle_version'] or '(not recorded)'}"),
+        line("written with", f"Paddle {summary['paddle_version']}"),
         line("step", summary["step"]),
-    ]
-    lines += _scaler_lines(summary["scaler"])
-    lines.append(line("models", len(summary["models"])))
-    for index, model in enumerate(summary["models"]):
-        lines.append(line(f"  model {index}", _model_text(model)))
-    lines.append(line("optimizers", len(summary["optimizers"])))
-    for index, optimizer in enumerate(summary["optimizers"]):
-        lines.append(line(f"  optimizer {index}", _optimizer_text(optimizer)))
-    rng = summary["rng"]
-    generators = f"{rng.get('generators')} generator{'s' if rng.get('generators') != 1 else ''}"
-    lines.append(
+        *_scaler_lines(summary["scaler"]),
+        line("models", len(models)),
+        *(line(f"  model {index}", _model_text(model)) for index, model in enumerate(models)),
+        line("optimizers", len(optimizers)),
+        *(
+            line(f"  optimizer {index}", _optimizer_text(opt))
+            for index, opt in enumerate(optimizers)
+        ),
         line(
             "RNG state",
             f"saved ({rng['device']}, {generators})"
             if rng["saved"]
             else "not saved (the Paddle that wrote it cannot save its position)",
-        )
-    )
-    return "\n".join(lines + _extra_lines(summary["extra"]))
+        ),
+        *_extra_lines(summary["extra"]),
+    ]
+    return "\n".join(lines)
 
 
 def _scaler_lines(scaler: Mapping[str, Any]) -> list[str]:
@@ -63,8 +63,7 @@ def _scaler_lines(scaler: Mapping[str, Any]) -> list[str]:
     kind = "dynamic" if scaler["use_dynamic_loss_scaling"] else "static"
     bounds = "not saved (Paddle's own defaults apply)"
     if scaler["bounds"] is not None:
-        low, high = scaler["bounds"]
-        bounds = f"min_loss_scaling {low}, max_loss_scaling {_none(high)}"
+        bounds = _named(dict(zip(("min_loss_scaling", "max_loss_scaling"), scaler["bounds"])))
     lines = [
         line("scaler", f"{kind} loss scaling"),
         line("  scale", scaler["scale"]),
@@ -75,41 +74,35 @@ def _scaler_lines(scaler: Mapping[str, Any]) -> list[str]:
         line("  bounds", bounds),
     ]
     if scaler["memory"]:  # the rule's own memory, where it keeps one
-        lines.append(line("  memory", _named(scaler["memory"], *scaler["memory"])))
+        lines.append(line("  memory", _named(scaler["memory"])))
     if scaler["headroom_bits"] is not None:
-        bits = scaler["headroom_bits"]
-        lines.append(line("  headroom", f"{bits:.2f} bits below float16's top"))
+        lines.append(line("  headroom", f"{scaler['headroom_bits']:.2f} bits below float16's top"))
     if scaler["stats"] is not None:
-        lines.append(line("  stats", _named(scaler["stats"], *scaler["stats"])))
+        lines.append(line("  stats", _named(scaler["stats"])))
     return lines
 
 
 def _named(values: Mapping[str, Any], *keys: str) -> str:
-    """``keys`` with their values: "incr_count 3, decr_count 0"."""
-    return ", ".join(f"{key} {_none(values[key])}" for key in keys)
-
-
-def _none(value: Any) -> Any:
-    return "none" if value is None else value
+    """``keys`` (all of them by default) with their values: "incr_count 3, decr_count 0"."""
+    shown = [(key, values[key]) for key in keys or values]
+    return ", ".join(f"{key} {'none' if value is None else value}" for key, value in shown)
 
 
 def _model_text(model: Mapping[str, Any], shown: int = 4) -> str:
     entries = list(model["entries"].items())
-    parts = [f"{name} {_tensor_text(entry)}" for name, entry in entries[:shown]]
+    # Its tensors' shapes and dtypes, without the type that each of them shares.
+    parts = [
+        f"{name} {_value_text(entry).removeprefix('ndarray ')}" for name, entry in entries[:shown]
+    ]
     if len(entries) > shown:
         parts.append(f"... ({len(entries) - shown} more)")
     return f"{model['tensors']} tensors, {model['values']:,} values: " + ", ".join(parts)
 
 
-def _tensor_text(entry: Mapping[str, Any]) -> str:
-    if entry["type"] == "ndarray":
-        return f"{entry['shape']} {entry['dtype']}"
-    return _value_text(entry)
-
-
 def _optimizer_text(optimizer: Mapping[str, Any]) -> str:
-    counts = optimizer["accumulators"].items()
-    accumulators = ", ".join(f"{name} x{count}" for name, count in counts)
+    accumulators = ", ".join(
+        f"{name} x{count}" for name, count in optimizer["accumulators"].items()
+    )
     parts = [
         f"{optimizer['parameters']} parameters",
         f"accumulators: {accumulators or 'none'}",
@@ -121,14 +114,11 @@ def _optimizer_text(optimizer: Mapping[str, Any]) -> str:
 
 
 def _extra_lines(extra: Mapping[str, Any]) -> list[str]:
-    if extra["type"] == "NoneType":
-        return [line("extra", "none")]
     if "entries" not in extra:
-        return [line("extra", _value_text(extra))]
+        return [line("extra", "none" if extra["type"] == "NoneType" else _value_text(extra))]
     count = len(extra["entries"])
     lines = [line("extra", f"{extra['type']} of {count} {'entry' if count == 1 else 'entries'}")]
-    lines += [line(f"  {key}", _value_text(entry)) for key, entry in extra["entries"].items()]
-    return lines
+    return lines + [line(f"  {key}", _value_text(entry)) for key, entry in extra["entries"].items()]
 
 
 def _value_text(entry: Mapping[str, Any]) -> str:
@@ -147,6 +137,4 @@ def _value_text(entry: Mapping[str, Any]) -> str:
         return text
     if "value" in entry:
         return f"{kind} {entry['value']!r}"
-    if "repr" in entry:
-        return f"{kind} {entry['repr']}"
-    return str(kind)
+    return f"{kind} {entry['repr']}" if "repr" in entry else str(kind)
