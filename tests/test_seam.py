@@ -116,6 +116,7 @@ def test_the_modules_checked_include_every_face_and_helper():
 
 CHECKPOINT_MODULES = ("__init__", "file_format", "unpickling", "training_state", "summary")
 
+
 def test_every_allowed_name_is_a_member_and_documented():
     members = set(dir(GradScaler)) | set(vars(GradScaler()))
     assert members >= ALLOWED
