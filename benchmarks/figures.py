@@ -1,16 +1,14 @@
 #!/usr/bin/env python
-"""Figures of a benchmark run, drawn from the results ``bench_scaler.py`` writes.
+"""The figure of a benchmark run, drawn from the results ``bench_scaler.py`` writes.
 
     PYTHONPATH=. python benchmarks/bench_scaler.py --json results.json --figure overhead.png
     python benchmarks/figures.py results.json overhead.png     # again, from saved results
 
-The overhead figure has one panel per optimizer and one group of bars per workload:
-each bar is an overhead of ours divided by the overhead of Paddle's own scaler on the
-same steps, so that 1.0 is Paddle's cost whatever the workload's size (its absolute
-cost is written under each workload). The growth figure (``--growth-figure``) draws the
-overheads themselves, ours and Paddle's, against the number of parameters at a fixed
-number of tensors and against the number of tensors at a fixed size. Needs matplotlib
-(the ``examples`` extra).
+One panel per optimizer and one group of bars per workload: each bar is an overhead of
+ours (or of the earlier checkout's, with ``--before``) divided by the overhead of Paddle's
+own scaler on the same steps, so that 1.0 is Paddle's cost, and the target, whatever the
+workload's size (Paddle's absolute cost is written under each workload). Needs
+matplotlib (the ``examples`` extra).
 """
 
 from __future__ import annotations
@@ -18,31 +16,34 @@ from __future__ import annotations
 import json
 import sys
 
-# (label, implementation in the results, its native counterpart), left to right.
+# (label, implementation in the results, its native counterpart, colour), left to right.
+# The defaults stand out; the earlier checkout in grey; one option at a time in lighter
+# shades.
 BARS = [
-    ("ours, defaults (step + update)", "ours-step", "native-step"),
-    ("ours, defaults (minimize)", "ours-minimize", "native-minimize"),
-    ("without statistics", "ours-step[no stats]", "native-step"),
-    ("max_loss_scaling", "ours-step[max bound]", "native-step"),
-    ("min_loss_scaling=0.5", "ours-step[floor 0.5]", "native-step"),
-    ("stuck_after=100", "ours-step[stuck]", "native-step"),
-    ("report_overflows", "ours-step[report]", "native-step"),
+    ("ours, defaults (step + update)", "ours-step", "native-step", "#1f5fa8"),
+    ("ours, defaults (minimize)", "ours-minimize", "native-minimize", "#4f8fd8"),
+    ("before (step + update)", "before-step", "native-step", "#5a5a5a"),
+    ("before (minimize)", "before-minimize", "native-minimize", "#9a9a9a"),
+    ("without statistics", "ours-step[no stats]", "native-step", "#c9c9c9"),
+    ("max_loss_scaling", "ours-step[max bound]", "native-step", "#f2b447"),
+    ("min_loss_scaling=0.5", "ours-step[floor 0.5]", "native-step", "#e07b39"),
+    ("stuck_after=100", "ours-step[stuck]", "native-step", "#6cb56c"),
+    ("report_overflows", "ours-step[report]", "native-step", "#b267c9"),
+    ("policy='headroom'", "ours-step[headroom]", "native-step", "#d6616b"),
 ]
-# The defaults stand out; one option at a time in lighter shades.
-COLOURS = ["#1f5fa8", "#4f8fd8", "#9a9a9a", "#f2b447", "#e07b39", "#6cb56c", "#b267c9"]
+# The top of the scale: a taller bar is cut there, with its value written on it.
+TOP = 1.6
 
 
-def overhead_ratios(run: dict) -> list[float | None]:
-    """Each bar's overhead over Paddle's, or None where the run lacks it or Paddle's is
-    lost in the noise."""
-    impls = run["impls"]
-    ratios: list[float | None] = []
-    for _, ours, native in BARS:
-        native_ms = impls[native]["overhead_ms"]
-        ratios.append(
-            impls[ours]["overhead_ms"] / native_ms if ours in impls and native_ms > 0 else None
-        )
-    return ratios
+def bars_in(results: dict) -> list[tuple[str, str, str, str]]:
+    """The bars whose implementation every run measured (before's only with --before)."""
+    return [bar for bar in BARS if all(bar[1] in run["impls"] for run in results["runs"])]
+
+
+def overhead_ratio(run: dict, ours: str, native: str) -> float | None:
+    """``ours``' overhead over ``native``'s; None where Paddle's is lost in the noise."""
+    native_ms = run["impls"][native]["overhead_ms"]
+    return run["impls"][ours]["overhead_ms"] / native_ms if native_ms > 0 else None
 
 
 def draw_overheads(results: dict, path: str) -> None:
@@ -54,27 +55,30 @@ def draw_overheads(results: dict, path: str) -> None:
 
     optimizers = list(dict.fromkeys(run["optimizer"] for run in results["runs"]))
     target = results["targets"]["overhead_ratio_max"]
+    bars = bars_in(results)
     figure, axes = plt.subplots(
-        len(optimizers), 1, figsize=(11, 3.6 * len(optimizers)), squeeze=False, sharey=True
+        len(optimizers), 1, figsize=(12, 3.8 * len(optimizers)), squeeze=False, sharey=True
     )
-    width = 0.8 / len(BARS)
+    width = 0.84 / len(bars)
     for panel, optimizer in zip(axes[:, 0], optimizers):
         runs = [run for run in results["runs"] if run["optimizer"] == optimizer]
-        for index, ((label, _, _), colour) in enumerate(zip(BARS, COLOURS)):
-            offsets = [group + (index - (len(BARS) - 1) / 2) * width for group in range(len(runs))]
-            heights = [overhead_ratios(run)[index] for run in runs]
+        for index, (label, ours, native, colour) in enumerate(bars):
+            offsets = [group + (index - (len(bars) - 1) / 2) * width for group in range(len(runs))]
+            heights = [overhead_ratio(run, ours, native) for run in runs]
+            shown = [(x, h) for x, h in zip(offsets, heights) if h is not None]
             panel.bar(
-                [x for x, h in zip(offsets, heights) if h is not None],
-                [h for h in heights if h is not None],
+                [x for x, _ in shown],
+                [min(h, TOP) for _, h in shown],
                 width,
                 label=label,
                 color=colour,
             )
-        panel.axhline(1.0, color="black", linewidth=1.2)
+            for x, height in shown:
+                if height > TOP:  # cut at the top, its value written on it
+                    panel.text(x, TOP, f"{height:.1f}", ha="center", va="top", fontsize=7)
+        panel.axhline(target, color="black", linewidth=1.2)
         beside = panel.get_yaxis_transform()  # x in axes fraction, y in data
-        panel.text(1.01, 1.0, "Paddle's\nown", transform=beside, va="center")
-        panel.axhline(target, color="black", linewidth=0.8, linestyle="--")
-        panel.text(1.01, target, f"target\n{target}", transform=beside, va="center")
+        panel.text(1.01, target, f"Paddle's own\n(target {target:g})", transform=beside)
         panel.set_xticks(range(len(runs)))
         panel.set_xticklabels(
             [
@@ -86,97 +90,31 @@ def draw_overheads(results: dict, path: str) -> None:
         panel.set_ylabel("overhead / Paddle's")
         panel.set_title(f"{optimizer}: what each scaler adds to a step, relative to Paddle's")
         panel.grid(axis="y", alpha=0.3)
-    axes[0, 0].set_ylim(0, 1.3)
+    axes[0, 0].set_ylim(0, TOP)
     handles, labels = axes[0, 0].get_legend_handles_labels()
-    legend_rows = 2
-    figure.legend(handles, labels, loc="upper center", ncol=-(-len(BARS) // legend_rows))
+    figure.legend(handles, labels, loc="upper center", ncol=-(-len(bars) // 2))
     machine = results["machine"]
     figure.text(
         0.01,
         0.005,
-        f"Paddle {machine['paddle']}, {machine['cpu_model']}, {machine['usable_cpus']} CPUs; "
-        "medians of interleaved rounds; float32 gradients, no forward or backward timed",
+        f"Paddle {machine['paddle']} on CPU (its kernels, the path every device takes), "
+        f"{machine['cpu_model']}, {machine['usable_cpus']} CPUs; medians of interleaved "
+        "rounds; float32 gradients; a forward and backward before each step, untimed",
         fontsize="small",
         color="#555555",
     )
-    figure.tight_layout(rect=(0, 0.03, 1, 1 - 0.5 / figure.get_figheight()))
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-
-
-# (label, implementation in the results, colour) of the growth figure's lines.
-GROWTH_LINES = [("Paddle's own", "native-step", "#9a9a9a"), ("ours", "ours-step", "#1f5fa8")]
-
-
-def draw_growth(results: dict, path: str) -> None:
-    """Overhead (ms) of step + update, ours and Paddle's: against parameters where the
-    tensor count is the same, and against tensors where the size is the same."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    optimizers = list(dict.fromkeys(run["optimizer"] for run in results["runs"]))
-    figure, axes = plt.subplots(len(optimizers), 2, figsize=(11, 3.8 * len(optimizers)))
-    axes = axes.reshape(len(optimizers), 2)
-    for row, optimizer in zip(axes, optimizers):
-        runs = [run for run in results["runs"] if run["optimizer"] == optimizer]
-        fits = results["cost_vs_size"][optimizer]
-        by_params, by_tensors = row
-        for fit in fits["ms_per_mparam"]:
-            group = [run for run in runs if run["tensors"] == fit["tensors"]]
-            group.sort(key=lambda run: run["params"])
-            for label, impl, colour in GROWTH_LINES:
-                slope = fit["native" if impl.startswith("native") else "ours"]
-                by_params.plot(
-                    [run["params"] / 1e6 for run in group],
-                    [run["impls"][impl]["overhead_ms"] for run in group],
-                    marker="o",
-                    color=colour,
-                    label=f"{label}: {slope:.2f} ms per M params",
-                )
-            by_params.set_title(f"{optimizer}, {fit['tensors']} tensors: cost against size")
-        by_params.set_xlabel("parameters (millions)")
-        for fit in fits["ms_per_tensor"]:
-            group = [run for run in runs if run["params"] == fit["params"]]
-            group.sort(key=lambda run: run["tensors"])
-            for label, impl, colour in GROWTH_LINES:
-                by_tensors.plot(
-                    [run["tensors"] for run in group],
-                    [run["impls"][impl]["overhead_ms"] for run in group],
-                    marker="o",
-                    color=colour,
-                    label=label if fit is fits["ms_per_tensor"][0] else None,
-                )
-            by_tensors.annotate(
-                f"{fit['params'] / 1e6:g}M params",
-                (group[-1]["tensors"], group[-1]["impls"]["native-step"]["overhead_ms"]),
-                textcoords="offset points",
-                xytext=(4, 4),
-                fontsize="small",
-            )
-        by_tensors.set_title(f"{optimizer}: cost against the number of tensors, same size")
-        by_tensors.set_xlabel("tensors")
-        for panel in row:
-            panel.set_xscale("log")
-            panel.set_yscale("log")
-            panel.set_ylabel("overhead per step (ms)")
-            panel.grid(alpha=0.3, which="both")
-            panel.legend(fontsize="small")
-    figure.tight_layout()
+    figure.tight_layout(rect=(0, 0.03, 0.93, 1 - 0.5 / figure.get_figheight()))
     figure.savefig(path, dpi=110)
     plt.close(figure)
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) not in (2, 3):
-        sys.stderr.write("usage: figures.py RESULTS.json FIGURE.png [GROWTH.png]\n")
+    if len(argv) != 2:
+        sys.stderr.write("usage: figures.py RESULTS.json FIGURE.png\n")
         return 2
     with open(argv[0]) as saved:
         results = json.load(saved)
     draw_overheads(results, argv[1])
-    if len(argv) == 3:
-        draw_growth(results, argv[2])
     return 0
 
 

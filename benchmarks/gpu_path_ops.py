@@ -1,15 +1,15 @@
 #!/usr/bin/env python
-"""Paddle operations and host reads per training step on the path a GPU takes: Paddle's
-own scaler against paddle_amp_scaler.
+"""Paddle operations and host reads per training step, Paddle's own scaler against
+paddle_amp_scaler: what a step costs on a GPU, counted on any machine.
 
-No GPU is needed: on a GPU every Paddle operation is a kernel launch (or a few) and every
-host read a device sync, and both can be counted on a CPU. Ours runs on Paddle's kernels
-(``kernels.using_unscale_path("paddle")``), as it does on a GPU. A step is ``scale(loss)``
-then ``step`` for each optimizer and ``update()``; backward and the optimizers' own
-update kernels are left out (the optimizers' parameter updates are stubbed, so that
-float16 and bfloat16 parameters need no CPU kernel), but the optimizers still read the
-found-inf flag as they would. The CPU build has no float16 or bfloat16 unscale kernel:
-for those dtype groups one float32 call stands in, as one launch would run on a GPU.
+On a GPU every Paddle operation is a kernel launch (or a few) and every host read a
+device sync; both can be counted on a CPU, where the scaler runs the same Paddle kernels.
+A step is ``scale(loss)`` then ``step`` for each optimizer and ``update()``; backward and
+the optimizers' own update kernels are left out (the optimizers' parameter updates are
+stubbed, so that float16 and bfloat16 parameters need no CPU kernel), but the optimizers
+still read the found-inf flag as they would. The CPU build has no float16 or bfloat16
+unscale kernel: for those dtype groups one float32 call stands in, as one launch would
+run on a GPU.
 
     PYTHONPATH=. python benchmarks/gpu_path_ops.py
 """
@@ -29,7 +29,7 @@ import paddle  # noqa: E402
 from paddle.amp.auto_cast import amp_global_state  # noqa: E402
 
 import paddle_amp_scaler  # noqa: E402
-from paddle_amp_scaler import kernels  # noqa: E402
+from paddle_amp_scaler.core import headroom, statistics  # noqa: E402
 from paddle_amp_scaler.testing import HostReadCounter, OperationCounter  # noqa: E402
 
 import bench_scaler  # noqa: E402  (beside this script)
@@ -39,7 +39,10 @@ OPTIMIZER_KINDS = {
     "adamw": lambda params: paddle.optimizer.AdamW(learning_rate=1e-3, parameters=params),
     "sgd": lambda params: paddle.optimizer.SGD(learning_rate=1e-3, parameters=params),
 }
+# Iterations before the counted one: the first builds the optimizers' state.
 WARMUP_ITERATIONS = 2
+# The headroom policy's cost is averaged over a run's first this many iterations.
+HEADROOM_ITERATIONS = 100
 ONE_HALF = paddle.nn.initializer.Constant(0.5)
 
 
@@ -112,32 +115,32 @@ def float16_autocast_state():
         state.amp_dtype = saved
 
 
-def build(case: Case):
-    groups = DTYPES[: case.dtype_groups]
+def build(kind: str, dtypes: tuple[str, ...], optimizers: int):
+    """``optimizers`` optimizers of ``kind``, each over one [8] parameter per dtype; the
+    parameters of all of them, and the optimizers."""
     paddle.seed(0)
     params_per_optimizer = [
-        [paddle.create_parameter([8], dtype, default_initializer=ONE_HALF) for dtype in groups]
-        for _ in range(case.optimizers)
+        [paddle.create_parameter([8], dtype, default_initializer=ONE_HALF) for dtype in dtypes]
+        for _ in range(optimizers)
     ]
-    optimizers = [OPTIMIZER_KINDS[case.optimizer](params) for params in params_per_optimizer]
-    for optimizer in optimizers:
+    built = [OPTIMIZER_KINDS[kind](params) for params in params_per_optimizer]
+    for optimizer in built:
         # The optimizer's own update kernels are not the scaler's, and the CPU build has
         # none for float16: the step runs (and reads the flag) but updates nothing.
         optimizer._append_optimize_op = lambda block, param_and_grad: None
-    return [param for params in params_per_optimizer for param in params], optimizers
+    return [param for params in params_per_optimizer for param in params], built
 
 
-def count_step(scaler, case: Case) -> Count:
-    """Operations and host reads of one steady-state step of ``scaler`` in ``case``."""
-    params, optimizers = build(case)
+def run(scaler, params, optimizers, iterations: int, counted) -> Count:
+    """Train ``iterations`` iterations; count the operations and host reads of the
+    scaler's calls in those for which ``counted(iteration)`` (1-based) holds."""
     operations, reads = OperationCounter(), HostReadCounter()
-    for iteration in range(WARMUP_ITERATIONS + 1):
+    for iteration in range(1, iterations + 1):
         loss = paddle.add_n([(param.astype("float32") * 1024.0).sum() for param in params])
-        measured = iteration == WARMUP_ITERATIONS
-        with counting(measured, operations, reads):
+        with counting(counted(iteration), operations, reads):
             scaled = scaler.scale(loss)
         scaled.backward()
-        with counting(measured, operations, reads):
+        with counting(counted(iteration), operations, reads):
             for optimizer in optimizers:
                 scaler.step(optimizer)
             scaler.update()
@@ -155,8 +158,9 @@ def counting(measured, operations, reads):
         yield
 
 
-def ours():
-    return paddle_amp_scaler.GradScaler(**bench_scaler.SCALER_ARGS)
+def ours(**options):
+    """Ours, with the benchmark's settings but where ``options`` say else."""
+    return paddle_amp_scaler.GradScaler(**{**bench_scaler.SCALER_ARGS, **options})
 
 
 def native():
@@ -164,12 +168,36 @@ def native():
 
 
 def count_case(case: Case) -> dict:
-    with (
-        standing_in_for_kernels_a_cpu_lacks(),
-        float16_autocast_state(),
-        kernels.using_unscale_path(kernels.PADDLE_PATH),
-    ):
-        return {"ours": count_step(ours(), case), "native": count_step(native(), case)}
+    """Ours' and Paddle's counts of one steady-state step (the rule does not act in it)."""
+    last = WARMUP_ITERATIONS + 1
+    counts = {}
+    with standing_in_for_kernels_a_cpu_lacks(), float16_autocast_state():
+        for who, scaler in (("ours", ours()), ("native", native())):
+            params, optimizers = build(case.optimizer, DTYPES[: case.dtype_groups], case.optimizers)
+            counts[who] = run(scaler, params, optimizers, last, lambda i: i == last)
+    return counts
+
+
+def count_growth(kind: str) -> dict:
+    """Ours' and Paddle's counts of the iteration in which the rule grows the scale (one
+    optimizer, float32 gradients, a growth every third finite iteration)."""
+    counts = {}
+    with float16_autocast_state():
+        for who, scaler in (
+            ("ours", ours(incr_every_n_steps=3)),
+            ("native", bench_scaler.build_native(paddle.amp.GradScaler, incr_every_n_steps=3)),
+        ):
+            params, optimizers = build(kind, ("float32",), 1)
+            counts[who] = run(scaler, params, optimizers, 6, lambda i: i == 6)
+    return counts
+
+
+def count_fold(kind: str) -> Count:
+    """Ours' iteration that adds up the statistics of the last ``statistics._FOLD_EVERY``
+    iterations (one optimizer, float32 gradients): its step, and the fold."""
+    every = statistics._FOLD_EVERY
+    params, optimizers = build(kind, ("float32",), 1)
+    return run(ours(), params, optimizers, every, lambda i: i == every)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -182,67 +210,37 @@ def policy_cases() -> list[PolicyCase]:
     return [PolicyCase(tensors, optimizers) for optimizers in (1, 2) for tensors in (1, 8, 64)]
 
 
-def count_run(case: PolicyCase, policy: str, iterations: int = 100) -> Count:
+def measured_iterations(iterations: int = HEADROOM_ITERATIONS) -> list[int]:
+    """The iterations, of a run's first ``iterations``, in which the headroom policy
+    measures the amax and runs its rule on the device."""
+    rule = headroom.HeadroomRule()
+    return [iteration for iteration in range(1, iterations + 1) if rule.measures(iteration)]
+
+
+def count_run(case: PolicyCase, policy: str, iterations: int = HEADROOM_ITERATIONS) -> Count:
     """Operations and host reads of ours over the first ``iterations`` iterations of a run
     (AdamW, float32 gradients), calibration included, with ``policy``."""
-    paddle.seed(0)
-    params = [
-        [
-            paddle.create_parameter([8], "float32", default_initializer=ONE_HALF)
-            for _ in range(case.tensors)
-        ]
-        for _ in range(case.optimizers)
-    ]
-    optimizers = [OPTIMIZER_KINDS["adamw"](group) for group in params]
-    every = [param for group in params for param in group]
-    operations, reads = OperationCounter(), HostReadCounter()
-    with kernels.using_unscale_path(kernels.PADDLE_PATH):
-        scaler = paddle_amp_scaler.GradScaler(**bench_scaler.SCALER_ARGS, policy=policy)
-    for _ in range(iterations):
-        loss = paddle.add_n([(param * 1024.0).sum() for param in every])
-        with operations.counting(), reads.counting():
-            scaled = scaler.scale(loss)
-        scaled.backward()
-        with operations.counting(), reads.counting():
-            for optimizer in optimizers:
-                scaler.step(optimizer)
-            scaler.update()
-        for optimizer in optimizers:
-            optimizer.clear_grad()
-    return Count(operations.total(), reads.total(), dict(operations.operations))
+    params, optimizers = build("adamw", ("float32",) * case.tensors, case.optimizers)
+    # One step without a scaler first: AdamW makes its accumulators in its first step,
+    # which is not the scaler's cost.
+    paddle.add_n([param.sum() for param in params]).backward()
+    for optimizer in optimizers:
+        optimizer.step()
+        optimizer.clear_grad()
+    return run(ours(policy=policy), params, optimizers, iterations, lambda i: True)
 
 
-def headroom_extra(case: PolicyCase, iterations: int = 100) -> tuple[float, Count, Count]:
-    """The headroom policy's operations per iteration beyond the interval rule's, averaged
-    over a run's first ``iterations``; and both runs' counts."""
+def headroom_extra(case: PolicyCase, iterations: int = HEADROOM_ITERATIONS):
+    """The headroom policy's operations beyond the interval rule's over a run's first
+    ``iterations``; and both runs' counts."""
     interval = count_run(case, "interval", iterations)
-    headroom = count_run(case, "headroom", iterations)
-    return (headroom.operations - interval.operations) / iterations, interval, headroom
-
-
-def count_fold() -> Count:
-    """What counting the statistics costs ours off the compiled path: one fold of the
-    iterations it kept, here after each of 128 iterations had run."""
-    case = Case("adamw", 1, 1)
-    with kernels.using_unscale_path(kernels.PADDLE_PATH):
-        params, optimizers = build(case)
-        scaler = ours()
-        for _ in range(127):
-            scaler.scale(paddle.add_n([(param * 1024.0).sum() for param in params])).backward()
-            scaler.step(optimizers[0])
-            scaler.update()
-            optimizers[0].clear_grad()
-        operations, reads = OperationCounter(), HostReadCounter()
-        scaler.scale(paddle.add_n([(param * 1024.0).sum() for param in params])).backward()
-        with operations.counting(), reads.counting():
-            scaler.step(optimizers[0])
-            scaler.update()  # the 128th iteration: its count folds all of them
-    return Count(operations.total(), reads.total(), dict(operations.operations))
+    policy = count_run(case, "headroom", iterations)
+    return policy.operations - interval.operations, interval, policy
 
 
 def main() -> int:
     paddle.set_device("cpu")
-    print(f"Paddle {paddle.__version__}: operations / host reads per step, path a GPU takes")
+    print(f"Paddle {paddle.__version__}: operations / host reads per step")
     print(
         "| optimizer | dtype groups | optimizers | Paddle's: operations | ours | "
         "Paddle's: host reads | ours |"
@@ -255,27 +253,33 @@ def main() -> int:
             f"{counts['native'].operations} | {counts['ours'].operations} | "
             f"{counts['native'].reads} | {counts['ours'].reads} |"
         )
-    fold = count_fold()
+    print("\nThe iteration in which the rule grows the scale (one optimizer, float32):")
+    for kind in OPTIMIZER_KINDS:
+        counts = count_growth(kind)
+        print(
+            f"  {kind}: Paddle's {counts['native'].operations} operations, ours "
+            f"{counts['ours'].operations}: {counts['ours'].names}"
+        )
+    print(f"\nThe iteration that adds up {statistics._FOLD_EVERY} iterations' statistics:")
+    for kind in OPTIMIZER_KINDS:
+        fold = count_fold(kind)
+        print(f"  {kind}: {fold.operations} operations, {fold.reads} reads: {fold.names}")
+    measured = measured_iterations()
     print(
-        f"\nours, the iteration that adds up 128 iterations' statistics: {fold.operations} "
-        f"operations, {fold.reads} reads: {fold.names}"
+        f"\nThe headroom policy against the interval rule, ours, AdamW, float32 gradients, "
+        f"the first {HEADROOM_ITERATIONS} iterations of a run (measured: {measured})"
     )
     print(
-        "\nThe headroom policy against the interval rule, ours, AdamW, float32 gradients, "
-        "the first 100 iterations of a run (calibration included)"
-    )
-    print(
-        "| gradient tensors | optimizers | interval: operations per iteration | headroom | "
-        "extra | budget (2 + tensors / 8) | host reads, both |"
+        "| gradient tensors | optimizers | interval: operations | headroom | extra | "
+        "extra per measured iteration | host reads, each |"
     )
     print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for case in policy_cases():
-        extra, interval, headroom = headroom_extra(case)
-        tensors = case.tensors * case.optimizers
+        extra, interval, policy = headroom_extra(case)
         print(
-            f"| {tensors} | {case.optimizers} | {interval.operations / 100:.2f} | "
-            f"{headroom.operations / 100:.2f} | {extra:.2f} | {2 + tensors / 8:.3f} | "
-            f"{interval.reads / 100:.0f}, {headroom.reads / 100:.0f} |"
+            f"| {case.tensors * case.optimizers} | {case.optimizers} | {interval.operations} | "
+            f"{policy.operations} | {extra} | {extra / len(measured):g} | "
+            f"{interval.reads}, {policy.reads} |"
         )
     return 0
 

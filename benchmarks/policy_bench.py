@@ -13,8 +13,7 @@ tensors, and those that float16 flushes or holds only as subnormals, in the iter
 whose step was taken. An fp32 run (no rounding, no scaler) gives the loss without fp16.
 
     PYTHONPATH=. python benchmarks/policy_bench.py --quick      # under a minute
-    PYTHONPATH=. python benchmarks/policy_bench.py              # about 8 minutes
-    PADDLE_AMP_SCALER_FUSED=0 PYTHONPATH=. python benchmarks/policy_bench.py   # GPU's path
+    PYTHONPATH=. python benchmarks/policy_bench.py              # about 12 minutes
 """
 
 from __future__ import annotations
@@ -46,7 +45,16 @@ import paddle.nn.functional as F  # noqa: E402
 
 import paddle_amp_scaler  # noqa: E402
 from paddle_amp_scaler import GradScaler  # noqa: E402
-from paddle_amp_scaler.core import rule, unscale_paths  # noqa: E402
+from paddle_amp_scaler.core.headroom import (  # noqa: E402
+    CALIBRATION_ITERATIONS,
+    CALIBRATION_STRIDE,
+    INITIAL_MARGIN,
+    MAX_GROWTH_STEPS,
+    MAX_MARGIN,
+    MIN_MARGIN,
+    HeadroomRule,
+)
+from paddle_amp_scaler.core.limits import FLOAT16_MAX  # noqa: E402
 from paddle_amp_scaler.testing import (  # noqa: E402
     UnderflowCensus,
     round_linear_layers,
@@ -469,7 +477,7 @@ def beyond_any_scale(exponents: np.ndarray | None, amax: float) -> int:
     element ``amax`` finite: flushed by any scale a policy could have chosen."""
     if exponents is None or not amax > 0:
         return 0
-    best = math.floor(math.log2(rule.FLOAT16_MAX / amax))  # the scale 2**best
+    best = math.floor(math.log2(FLOAT16_MAX / amax))  # the scale 2**best
     # Elements of biased exponent b lie below 2**(b - 126); scaled, at most 2**-25 flushes
     # (the boundary itself, a tie that flushes, is left out).
     return int(exponents[: max(FLUSH_EXPONENT - best, 0)].sum())
@@ -747,13 +755,6 @@ def parse_args(argv):
         "--quick", action="store_true", help="a few hundred iterations each (under a minute)"
     )
     parser.add_argument(
-        "--path",
-        choices=["paddle", "fused-cpu"],
-        help="the scalers' unscale path: 'paddle' is Paddle's kernels, the path and the "
-        "measuring schedule a GPU has; 'fused-cpu' the compiled CPU helper (default: "
-        "this machine's default, which PADDLE_AMP_SCALER_FUSED=0 makes 'paddle')",
-    )
-    parser.add_argument(
         "--workloads",
         help="comma-separated subset of: digits-mlp, copy-lm, outlier-batches (default: all)",
     )
@@ -800,12 +801,9 @@ def main(argv=None) -> int:
         if unknown:
             sys.exit(f"--workloads: unknown {unknown}")
         workloads = [w for w in workloads if w.name in chosen]
-    path = args.path or unscale_paths.default_unscale_path()
-    if path not in unscale_paths.unscale_paths():
-        sys.exit(f"--path {path}: not on this machine (it has {unscale_paths.unscale_paths()})")
     command = " ".join(shlex.quote(part) for part in [sys.executable, *sys.argv])
     info = machine_info()
-    measure_every = unscale_paths.by_name(path).measure_every
+    measure_every = HeadroomRule.measure_every
     print("Loss-scale policies on fp16-emulated training (every matmul rounded through float16)")
     print(f"command:  {command}")
     print(
@@ -817,13 +815,13 @@ def main(argv=None) -> int:
         f"paddle_amp_scaler {paddle_amp_scaler.__version__}"
     )
     print(
-        f"path:     {path} (headroom measures the amax in the first "
-        f"{rule.CALIBRATION_ITERATIONS} iterations and every {measure_every}th)"
+        f"measures: headroom measures the amax in the first {CALIBRATION_ITERATIONS} "
+        f"iterations and every {measure_every}th"
     )
     print(
-        f"headroom: INITIAL_MARGIN {rule.INITIAL_MARGIN}, MIN_MARGIN {rule.MIN_MARGIN}, "
-        f"MAX_MARGIN {rule.MAX_MARGIN}, MAX_GROWTH_STEPS {rule.MAX_GROWTH_STEPS}, "
-        f"CALIBRATION {rule.CALIBRATION_ITERATIONS} x {rule.CALIBRATION_STRIDE}"
+        f"headroom: INITIAL_MARGIN {INITIAL_MARGIN}, MIN_MARGIN {MIN_MARGIN}, "
+        f"MAX_MARGIN {MAX_MARGIN}, MAX_GROWTH_STEPS {MAX_GROWTH_STEPS}, "
+        f"CALIBRATION {CALIBRATION_ITERATIONS} x {CALIBRATION_STRIDE}"
     )
     for workload in workloads:
         print(
@@ -841,11 +839,10 @@ def main(argv=None) -> int:
 
     started = time.perf_counter()
     results = []
-    with unscale_paths.using_unscale_path(path):
-        for workload in workloads:
-            result = run_workload(workload, profile, log)
-            result["window"] = profile.window
-            results.append(result)
+    for workload in workloads:
+        result = run_workload(workload, profile, log)
+        result["window"] = profile.window
+        results.append(result)
     elapsed = time.perf_counter() - started
     print()
     print_table(results)
@@ -863,7 +860,6 @@ def main(argv=None) -> int:
                     "command": command,
                     "machine": info,
                     "quick": args.quick,
-                    "path": path,
                     "measure_every": measure_every,
                     "policies": {**POLICIES, **{k: f"= {v}" for k, v in SAME_RUN_AS.items()}},
                     "results": results,

@@ -15,11 +15,12 @@ OPTION_COLUMNS = [
     ("`min_loss_scaling=0.5`", "ours-step[floor 0.5]"),
     ("`stuck_after=100`", "ours-step[stuck]"),
     ("`report_overflows`", "ours-step[report]"),
+    ('`policy="headroom"`', "ours-step[headroom]"),
 ]
 
 
 def reads(impl: dict) -> str:
-    return f"{impl['host_reads']['scaler']}/{impl['host_reads']['paddle']}"
+    return "/".join(str(impl["host_reads"][origin]) for origin in ("scaler", "paddle", "other"))
 
 
 def ratio(value: float | None) -> str:
@@ -34,8 +35,7 @@ def markdown(header: list[str], alignments: list[str], rows: list[list[str]]) ->
 def overhead_table(results: dict) -> list[str]:
     header = [
         "workload (tensors x params)", "optimizer", "native step+update", "ours step+update",
-        "ratio", "native minimize", "ours minimize", "ratio", "floor", "reads native",
-        "reads ours",
+        "ratio", "native minimize", "ours minimize", "ratio", "reads native", "reads ours",
     ]  # fmt: skip
     rows = []
     for run in results["runs"]:
@@ -44,25 +44,24 @@ def overhead_table(results: dict) -> list[str]:
         rows.append([
             run["workload"], run["optimizer"], ms["native-step"], ms["ours-step"],
             ratio(ratios["step"]), ms["native-minimize"], ms["ours-minimize"],
-            ratio(ratios["minimize"]), ms["floor"], reads(impls["native-step"]),
-            reads(impls["ours-step"]),
+            ratio(ratios["minimize"]), reads(impls["native-step"]), reads(impls["ours-step"]),
         ])  # fmt: skip
-    return markdown(header, ["---"] * 2 + ["---:"] * 7 + ["---"] * 2, rows)
+    return markdown(header, ["---"] * 2 + ["---:"] * 6 + ["---"] * 2, rows)
 
 
 def before_after_table(results: dict) -> list[str]:
     header = [
         "workload", "optimizer", "before: step", "after: step", "before: minimize",
-        "after: minimize",
+        "after: minimize", "reads before",
     ]  # fmt: skip
     rows = []
     for run in results["runs"]:
         ratios = {kind: ratio(value) for kind, value in run["ratios"].items()}
         rows.append([
             run["workload"], run["optimizer"], ratios["before step"], ratios["step"],
-            ratios["before minimize"], ratios["minimize"],
+            ratios["before minimize"], ratios["minimize"], reads(run["impls"]["before-step"]),
         ])  # fmt: skip
-    return markdown(header, ["---"] * 2 + ["---:"] * 4, rows)
+    return markdown(header, ["---"] * 2 + ["---:"] * 4 + ["---"], rows)
 
 
 def options_table(results: dict) -> list[str]:
@@ -78,34 +77,16 @@ def options_table(results: dict) -> list[str]:
     return markdown(header, ["---"] * 2 + ["---:"] * (len(header) - 2), rows)
 
 
-def unscale_table(results: dict) -> list[str]:
-    header = [
-        "workload", "gradient bytes", "NumPy multiply", "ours", "x NumPy", "native", "x NumPy",
-        "copy",
-    ]  # fmt: skip
-    rows = []
-    for bandwidth in results["bandwidth"]:
-        passes = bandwidth["passes"]
-        ms = {name: f"{timed['median_ms']:.3f} ms" for name, timed in passes.items()}
-        rows.append([
-            bandwidth["workload"], f"{bandwidth['grad_bytes'] / 1e6:.0f} MB", ms["numpy"],
-            ms["ours"], f"**{passes['ours']['vs_numpy']:.2f}**", ms["native"],
-            f"{passes['native']['vs_numpy']:.2f}", ms["copy"],
-        ])  # fmt: skip
-    return markdown(header, ["---"] + ["---:"] * 7, rows)
-
-
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print(__doc__.strip())
         return 2
     with open(argv[0]) as source:
         results = json.load(source)
-    before = any("before step" in run["ratios"] for run in results["runs"])
     tables = [("overhead per step (ms) and the ratio to Paddle's", overhead_table)]
-    if before:
+    if any("before step" in run["ratios"] for run in results["runs"]):
         tables.append(("before and after, the same run", before_after_table))
-    tables += [("what each option costs", options_table), ("the unscale pass", unscale_table)]
+    tables.append(("what each option costs", options_table))
     for title, table in tables:
         print(f"\n<!-- {title} -->")
         print("\n".join(table(results)))
