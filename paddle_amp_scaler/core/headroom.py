@@ -176,7 +176,7 @@ class HeadroomRule(IntervalRule):
     ) -> Tensor:
         """``adjust`` on the device tensors of ``memory``, in place: the interval rule's
         back-off in every iteration (its cost, no more); in a measured one, the rest in
-        some thirty operations on tensors that never leave the device."""
+        some fifty operations on tensors that never leave the device."""
         backed_off = super().adjust_(memory, found)
         if amax is None:
             return backed_off
