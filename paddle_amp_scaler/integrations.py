@@ -120,8 +120,7 @@ class ScalerCallback(paddle.callbacks.Callback):  # type: ignore[misc]
     def on_train_begin(self, logs: Any = None) -> None:
         metrics = self.params.setdefault("metrics", [])
         metrics.extend(key for key in self.KEYS if key not in metrics)
-        if self._given_log_freq is None:
-            self._log_freq = _progress_log_freq() or _FIT_LOG_FREQ
+        self._log_freq = self._given_log_freq or _progress_log_freq() or _FIT_LOG_FREQ
 
     def on_train_batch_begin(self, step: int, logs: Any = None) -> None:
         if logs is None:
