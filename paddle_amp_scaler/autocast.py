@@ -16,7 +16,7 @@ import dataclasses
 import functools
 import sys
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import paddle
@@ -55,10 +55,6 @@ class AutocastMode:
     black_list: frozenset[str]
     use_promote: bool
 
-    @property
-    def enabled(self) -> bool:
-        return bool(self.level != core.AmpLevel.O0)
-
     @classmethod
     def current(cls) -> AutocastMode | None:
         """The dygraph mode; None while ``paddle.jit.to_static`` builds a program (no
@@ -81,10 +77,8 @@ class AutocastMode:
     @contextlib.contextmanager
     def entered(self) -> Iterator[None]:
         """Run under this mode; the mode that was current comes back on exit."""
-        previous = AutocastMode.current()
-        if previous is None:  # no tracer: nothing to enter
-            yield
-            return
+        # Called only where a tracer runs: custom_fwd records no mode without one.
+        previous = cast(AutocastMode, AutocastMode.current())
         self._install()
         try:
             yield
@@ -133,17 +127,16 @@ def custom_fwd(
         # Paddle 2.6 hands backward's results to the inputs as they are (PyTorch casts
         # them): remember the inputs' dtypes, so custom_bwd can give each gradient its own.
         setattr(ctx, _DTYPES_ATTR, _gradient_slots([*args, *kwargs.values()]))
-        if cast_dtype is None or not mode.enabled:
-            setattr(ctx, _MODE_ATTR, mode)
-            return forward(ctx, *args, **kwargs)
-        setattr(ctx, _MODE_ATTR, mode.disabled())
-
-        def cast(tensor: Tensor) -> Tensor:
-            return tensor.astype(cast_dtype) if tensor.dtype in _CASTABLE else tensor
-
-        args = nested.map_tensors(cast, args)
-        kwargs = nested.map_tensors(cast, kwargs)
-        with mode.disabled().entered():
+        if cast_dtype is not None and mode.level != core.AmpLevel.O0:
+            # Inside an enabled auto_cast: forward and backward run on the cast inputs,
+            # with autocast off.
+            mode = mode.disabled()
+            args, kwargs = nested.map_tensors(
+                lambda tensor: tensor.astype(cast_dtype) if tensor.dtype in _CASTABLE else tensor,
+                (args, kwargs),
+            )
+        setattr(ctx, _MODE_ATTR, mode)
+        with mode.entered():
             return forward(ctx, *args, **kwargs)
 
     return forward_under_recorded_autocast

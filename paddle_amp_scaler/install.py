@@ -26,7 +26,7 @@ from typing import Any
 import paddle.amp
 from paddle.amp import grad_scaler as paddle_grad_scaler
 
-from .core import scaler, validation
+from .core import scaler
 
 __all__ = ["install", "installed", "uninstall"]
 
@@ -43,7 +43,6 @@ def install(**defaults: Any) -> None:
     ``defaults`` (keyword arguments of their constructors, e.g. ``policy="headroom"``) as
     the defaults of the scalers built from then on. Idempotent; a bad default is a
     ``ValueError`` here, naming it."""
-    validation.check_keywords("install", defaults, _OPTIONS)
     classes = {name: _with_defaults(getattr(scaler, name), defaults) for name in _NAMES}
     for module in _MODULES:
         for name in _NAMES:
@@ -53,28 +52,21 @@ def install(**defaults: Any) -> None:
 
 def _with_defaults(cls: type[scaler.AmpScaler], defaults: dict[str, Any]) -> type:
     """``cls`` itself, or a subclass of it (same name) whose constructor defaults to
-    ``defaults``; each default is checked by building a disabled scaler with it."""
+    ``defaults``; each default is checked by building a disabled scaler with it (an
+    unknown name too: the scaler's own check says "did you mean")."""
     if not defaults:
         return cls
     try:
         cls(enable=False, **defaults)
     except (TypeError, ValueError) as error:
         raise ValueError(f"install(): {error}") from None
-    signature = inspect.signature(cls.__init__)
-    names = list(signature.parameters)[1:]  # after self
+    names = list(inspect.signature(cls.__init__).parameters)[1:]  # after self
 
     def __init__(self: scaler.AmpScaler, *args: Any, **kwargs: Any) -> None:
         given = set(names[: len(args)]) | set(kwargs)
         unless_given = {name: value for name, value in defaults.items() if name not in given}
         cls.__init__(self, *args, **{**unless_given, **kwargs})
 
-    # help() and inspect show the defaults the trainers' scalers get.
-    __init__.__signature__ = signature.replace(  # type: ignore[attr-defined]
-        parameters=[
-            parameter.replace(default=defaults.get(name, parameter.default))
-            for name, parameter in signature.parameters.items()
-        ]
-    )
     namespace = {
         "__module__": cls.__module__,
         "__doc__": cls.__doc__,
@@ -104,7 +96,3 @@ def _rebuilt(cls: type[scaler.AmpScaler], state: dict[str, Any]) -> scaler.AmpSc
     rebuilt = cls.__new__(cls)
     rebuilt.__setstate__(state)
     return rebuilt
-
-
-# The constructor arguments install() takes as defaults: the scalers' keyword arguments.
-_OPTIONS = validation.keyword_names(scaler.AmpScaler.__init__)

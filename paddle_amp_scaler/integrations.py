@@ -34,6 +34,7 @@ the callers, the one place this module looks at the stack.
 from __future__ import annotations
 
 import inspect
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -119,8 +120,7 @@ class ScalerCallback(paddle.callbacks.Callback):  # type: ignore[misc]
     def on_train_begin(self, logs: Any = None) -> None:
         metrics = self.params.setdefault("metrics", [])
         metrics.extend(key for key in self.KEYS if key not in metrics)
-        if self._given_log_freq is None:
-            self._log_freq = _progress_log_freq() or _FIT_LOG_FREQ
+        self._log_freq = self._given_log_freq or _progress_log_freq() or _FIT_LOG_FREQ
 
     def on_train_batch_begin(self, step: int, logs: Any = None) -> None:
         if logs is None:
@@ -133,22 +133,24 @@ class ScalerCallback(paddle.callbacks.Callback):  # type: ignore[misc]
                 logs.pop(key, None)
             return
         scaler = self._scaler if self._scaler is not None else _model_scaler(self.model)
-        if scaler is None:
-            return  # paddle.Model builds its scaler in the first step
-        scale, stats = _read(scaler)
-        logs["loss_scale"] = scale
-        if stats is not None or not scaler.is_enable():
-            logs["skipped"] = stats.skipped if stats is not None else 0
-        _put_headroom(logs, "headroom_bits", stats)
+        if scaler is not None:  # paddle.Model builds its scaler in the first step
+            _add_to_logs(logs, scaler, {"skipped": "skipped"})
 
 
-def _put_headroom(logs: Any, key: str, stats: ScalerStats | None) -> None:
-    """The headroom under ``key`` where the policy measures it; elsewhere no such key
-    (the progress bar and VisualDL then show nothing for it)."""
+def _add_to_logs(logs: Any, scaler: Any, counts: dict[str, str]) -> None:
+    """Into ``logs``, from one read: ``loss_scale``; the ``counts`` (log key: field of
+    ``ScalerStats``), zeros for a scaler that is off, none for Paddle's own, which counts
+    nothing; ``headroom_bits`` where the policy measures it, elsewhere no such key (the
+    progress bar and VisualDL then show nothing for it)."""
+    scale, stats = _read(scaler)
+    logs["loss_scale"] = scale
+    if stats is not None or not scaler.is_enable():
+        for key, field in counts.items():
+            logs[key] = getattr(stats, field) if stats is not None else 0
     if stats is not None and stats.headroom_bits is not None:
-        logs[key] = stats.headroom_bits
+        logs["headroom_bits"] = stats.headroom_bits
     else:
-        logs.pop(key, None)
+        logs.pop("headroom_bits", None)
 
 
 def _model_scaler(model: Any) -> Any:
@@ -160,14 +162,8 @@ def _model_scaler(model: Any) -> Any:
     return scaler
 
 
-class _NoScaling:
-    """A model that trains without loss scaling: scale 1.0, nothing skipped."""
-
-    def is_enable(self) -> bool:
-        return False
-
-
-_NO_SCALING = _NoScaling()
+# A model that trains without loss scaling, as a scaler that is off: scale 1.0, no skips.
+_NO_SCALING = types.SimpleNamespace(is_enable=lambda: False)
 
 
 def _calling_object(wanted: Callable[[Any], bool]) -> Any | None:
@@ -230,12 +226,7 @@ class ScalerTrainerCallback:
         scaler = self._scaler if self._scaler is not None else self._trainer_scaler()
         if logs is None or scaler is None:
             return  # no loss scaling: nothing to add
-        scale, stats = _read(scaler)
-        logs["loss_scale"] = scale
-        if stats is not None or not scaler.is_enable():
-            logs["skipped_steps"] = stats.skipped if stats is not None else 0
-            logs["skip_streak"] = stats.skip_streak if stats is not None else 0
-        _put_headroom(logs, "headroom_bits", stats)
+        _add_to_logs(logs, scaler, {"skipped_steps": "skipped", "skip_streak": "skip_streak"})
 
     def _trainer_scaler(self) -> Any:
         """The ``scaler`` of the Trainer: the one ``attach`` was given, else the one whose
@@ -250,9 +241,5 @@ class ScalerTrainerCallback:
     def __getattr__(self, name: str) -> Any:
         # The Trainer calls every event on every callback; this one acts on on_log only.
         if name.startswith("on_"):
-            return _ignore_event
+            return lambda *args, **kwargs: None
         raise AttributeError(name)
-
-
-def _ignore_event(*args: Any, **kwargs: Any) -> None:
-    return None

@@ -6,11 +6,11 @@ import numpy as np
 import paddle
 import pytest
 
+from paddle_amp_scaler import testing
 from paddle_amp_scaler.testing import (
     CensusCounts,
     UnderflowCensus,
     count_float16_range,
-    emulation,
     round_linear_layers,
     round_through_float16,
 )
@@ -241,8 +241,8 @@ def test_rounding_is_float16s_by_either_route_in_both_passes(cast, monkeypatch):
     # Paddle 2.6's CPU cast truncates, so there the emulation rounds in float arithmetic;
     # held to NumPy's float16 on every Paddle, that route too.
     if cast == "float arithmetic":
-        monkeypatch.setattr(emulation, "_cast_rounds_to_nearest", lambda: False)
-    elif not emulation._cast_rounds_to_nearest():
+        monkeypatch.setattr(testing, "_cast_rounds_to_nearest", lambda: False)
+    elif not testing._cast_rounds_to_nearest():
         pytest.skip("this Paddle's cast to float16 truncates on a CPU (Paddle 2.6)")
     values = float16_rounding_values()
     x = paddle.to_tensor(values, stop_gradient=False)

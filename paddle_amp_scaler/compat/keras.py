@@ -19,9 +19,6 @@ from ..core.state_dict import parse_state_dict
 
 __all__ = ["LossScaleOptimizer"]
 
-# TensorFlow's defaults for a dynamic loss scale.
-_DEFAULT_INITIAL_SCALE = 2.0**15
-_DEFAULT_GROWTH_STEPS = 2000
 # The key under which state_dict() carries the scaler's state beside the optimizer's.
 SCALER_STATE_KEY = "LossScaleOptimizer.scaler"
 _DELEGATED = ("clear_grad", "get_lr", "set_lr", "set_lr_scheduler", "state_dict", "set_state_dict")
@@ -167,12 +164,7 @@ class LossScaleOptimizer:
         Returns what the inner ``minimize`` returned; ``(None, None)`` when skipped
         without calling it.
         """
-        if callable(loss) and not isinstance(loss, Tensor):
-            loss = loss()
-        if not isinstance(loss, Tensor):
-            raise TypeError(
-                f"loss must be a Tensor or a callable returning one, got {type(loss).__name__}"
-            )
+        loss = _loss_tensor(loss)
         self._scaler.scale(loss).backward()
         return self._step_and_update(
             lambda: self._inner.minimize(loss, parameters=parameters, no_grad_set=no_grad_set),
@@ -187,13 +179,9 @@ class LossScaleOptimizer:
     def get_scaled_loss(self, loss: Tensor | Callable[[], Tensor]) -> Any:
         """``loss`` times the scale; for a callable, a callable that returns that."""
         self._loss_scaled = True
-        if isinstance(loss, Tensor):
-            return self._scaler.scale(loss)
-        if callable(loss):
-            return lambda: self._scaler.scale(loss())
-        raise TypeError(
-            f"loss must be a Tensor or a callable returning one, got {type(loss).__name__}"
-        )
+        if callable(loss) and not isinstance(loss, Tensor):
+            return lambda: self._scaler.scale(_loss_tensor(loss))
+        return self._scaler.scale(_loss_tensor(loss))
 
     def get_unscaled_gradients(self, grads: Iterable[Tensor | None]) -> list[Tensor | None]:
         """A new list: each gradient divided by the scale, ``None`` kept as ``None``."""
@@ -242,14 +230,11 @@ class LossScaleOptimizer:
         large, and a loss that was never scaled can underflow."""
         if self._warned_unscaled or not self._scaler.is_enable():
             return
-        missed = [
-            call
-            for call, done in (
-                ("get_scaled_loss()", self._loss_scaled),
-                ("get_unscaled_gradients()", self._gradients_unscaled),
-            )
-            if not done
-        ]
+        called = {
+            "get_scaled_loss()": self._loss_scaled,
+            "get_unscaled_gradients()": self._gradients_unscaled,
+        }
+        missed = [call for call, done in called.items() if not done]
         if missed:
             self._warned_unscaled = True
             warnings.warn(
@@ -344,20 +329,21 @@ def _where_it_belongs(name: str, inner_optimizer: Any) -> str | None:
 def _scaler_for(
     dynamic: bool, initial_scale: float | None, dynamic_growth_steps: int | None
 ) -> GradScaler:
+    if not dynamic and initial_scale is None:
+        raise ValueError("initial_scale is required when dynamic=False: it is the fixed scale")
+    if not dynamic and dynamic_growth_steps is not None:
+        raise ValueError(
+            f"dynamic_growth_steps must be None when dynamic=False, got {dynamic_growth_steps!r}"
+        )
+    # TensorFlow's defaults for a dynamic loss scale: 2**15, doubled after 2000 finite steps.
+    scale = validation.check_scale(
+        2.0**15 if initial_scale is None else initial_scale, "initial_scale"
+    )
     if not dynamic:
-        if initial_scale is None:
-            raise ValueError("initial_scale is required when dynamic=False: it is the fixed scale")
-        if dynamic_growth_steps is not None:
-            raise ValueError(
-                "dynamic_growth_steps must be None when dynamic=False, got "
-                f"{dynamic_growth_steps!r}"
-            )
-        scale = validation.check_scale(initial_scale, "initial_scale")
         return GradScaler(init_loss_scaling=scale, use_dynamic_loss_scaling=False)
-    scale = _DEFAULT_INITIAL_SCALE if initial_scale is None else initial_scale
-    steps = _DEFAULT_GROWTH_STEPS if dynamic_growth_steps is None else dynamic_growth_steps
+    steps = 2000 if dynamic_growth_steps is None else dynamic_growth_steps
     return GradScaler(
-        init_loss_scaling=validation.check_scale(scale, "initial_scale"),
+        init_loss_scaling=scale,
         incr_ratio=2.0,
         decr_ratio=0.5,
         # tf-keras takes int(dynamic_growth_steps): its own checkpoint test passes 2.0.
@@ -366,6 +352,17 @@ def _scaler_for(
         ),
         decr_every_n_nan_or_inf=1,
     )
+
+
+def _loss_tensor(loss: Any) -> Tensor:
+    """``loss``, or what it returns if it is a callable."""
+    if callable(loss) and not isinstance(loss, Tensor):
+        loss = loss()
+    if not isinstance(loss, Tensor):
+        raise TypeError(
+            f"loss must be a Tensor or a callable returning one, got {type(loss).__name__}"
+        )
+    return loss
 
 
 def _tensor(grad: Any) -> Tensor:

@@ -153,13 +153,8 @@ class GradScaler(_CoreGradScaler):
         return "GradScaler(enabled=False)" if not self._enable else super().__repr__()
 
     def _repr_fields(self) -> dict[str, Any]:
-        return {
-            "scale": self.get_scale(),
-            "growth_factor": self.get_growth_factor(),
-            "backoff_factor": self.get_backoff_factor(),
-            "growth_interval": self.get_growth_interval(),
-            "growth_tracker": self.get_incr_count(),
-        }
+        # PyTorch's numbers, as its state_dict names them.
+        return {key.lstrip("_"): value for key, value in self.state_dict().items()}
 
     def __getstate__(self) -> dict[str, Any]:
         try:
@@ -241,29 +236,22 @@ def _paddle_place(device: Any) -> str | None:
     if not isinstance(device, str):
         raise TypeError(f"device must be a string such as 'cuda' or 'cpu', got {device!r}")
     match = _DEVICE.match(device.strip().lower())
-    kinds = dict(_DEVICE_TYPES, **{kind: kind for kind in _custom_device_types()})
+    custom = paddle.device.get_all_custom_device_type() or []
+    kinds = dict(_DEVICE_TYPES, **{kind: kind for kind in custom})
     if match is None or match.group(1) not in kinds:
         raise ValueError(
             f"device must be one of {sorted(kinds)}, optionally with ':index', got {device!r}"
         )
     kind, index = kinds[match.group(1)], match.group(2)
-    if kind == "cpu":
-        return "cpu"
-    return f"{kind}:{index}" if index is not None else kind
-
-
-def _custom_device_types() -> list[str]:
-    return list(paddle.device.get_all_custom_device_type() or [])
+    return kind if kind == "cpu" or index is None else f"{kind}:{index}"
 
 
 def _available(place: str) -> bool:
     kind = place.split(":")[0]
-    if kind == "cpu":
-        return True
     if kind == "gpu":
         return bool(paddle.device.is_compiled_with_cuda()) and (
             paddle.device.cuda.device_count() > 0
         )
     if kind == "xpu":
         return bool(paddle.device.is_compiled_with_xpu())
-    return kind in _custom_device_types()
+    return True  # the CPU, or a custom device, which _paddle_place found in Paddle's list

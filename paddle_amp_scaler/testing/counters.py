@@ -9,6 +9,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
+from unittest import mock
 
 import paddle
 from paddle import profiler
@@ -80,20 +81,13 @@ class HostReadCounter:
     @contextlib.contextmanager
     def counting(self) -> Iterator[HostReadCounter]:
         """A context in which reads are counted (added to those already counted)."""
-        saved = {name: paddle.Tensor.__dict__.get(name) for name in _READ_METHODS}
-        try:
+        with contextlib.ExitStack() as patches:
             for name in _READ_METHODS:
                 original = getattr(paddle.Tensor, name, None)
                 if original is not None:
-                    setattr(paddle.Tensor, name, self._wrap(original))
+                    counting = self._wrap(original)
+                    patches.enter_context(mock.patch.object(paddle.Tensor, name, counting))
             yield self
-        finally:
-            for name, original in saved.items():
-                if original is None:
-                    if name in paddle.Tensor.__dict__:
-                        delattr(paddle.Tensor, name)
-                else:
-                    setattr(paddle.Tensor, name, original)
 
 
 class OperationCounter:
