@@ -132,10 +132,10 @@ class HeadroomRule(IntervalRule):
     ) -> HeadroomMemory:
         learn = (
             memory.scale < memory.anchor
-            and iteration - memory.grown_at <= self.incr_every_n_steps // 4
+            and memory.grown_at >= iteration - self.incr_every_n_steps // 4
         )
         # Learning and narrowing at once would leave the margin where it was.
-        quiet = usable and not learn and iteration - memory.margin_at >= self.incr_every_n_steps
+        quiet = usable and not learn and memory.margin_at <= iteration - self.incr_every_n_steps
         margin = min(max(memory.margin + int(learn) - int(quiet), MIN_MARGIN), MAX_MARGIN)
         return dataclasses.replace(
             memory,
@@ -181,51 +181,52 @@ class HeadroomRule(IntervalRule):
         if amax is None:
             return backed_off
         tensors = cast(HeadroomMemory, memory)
+        known = _constants(self, tensors.scale.place)
         if iteration <= CALIBRATION_ITERATIONS:
-            self._calibrate_(tensors, backed_off)
+            self._calibrate_(tensors, backed_off, known)
         now = paddle.full_like(tensors.margin_at, iteration)
         usable = paddle.logical_and(paddle.logical_not(found), amax > 0)
-        self._learn_or_narrow_(tensors, usable, now)
-        grew = self._grow_to_fit_(tensors, usable, amax, now)
+        self._learn_or_narrow_(tensors, usable, now, known)
+        grew = self._grow_to_fit_(tensors, usable, amax, now, known)
         paddle.assign(tensors.scale, output=tensors.anchor)
         return paddle.logical_or(backed_off, grew)
 
-    def _calibrate_(self, memory: HeadroomMemory, backed_off: Tensor) -> None:
+    def _calibrate_(self, memory: HeadroomMemory, backed_off: Tensor, known: _Constants) -> None:
         scale = memory.scale
-        floor = paddle.full_like(scale, self.min_scale)
-        lowered = C_ops.maximum(scale * float(calibration_stride(self.decr_ratio)), floor)
+        lowered = C_ops.maximum(scale * known.calibration_stride, known.min_scale)
         paddle.assign(C_ops.where(backed_off, lowered, scale), output=scale)
 
-    def _learn_or_narrow_(self, memory: HeadroomMemory, usable: Tensor, now: Tensor) -> None:
+    def _learn_or_narrow_(
+        self, memory: HeadroomMemory, usable: Tensor, now: Tensor, known: _Constants
+    ) -> None:
         learn = paddle.logical_and(
             memory.scale < memory.anchor,
-            now - memory.grown_at <= self.incr_every_n_steps // 4,
+            memory.grown_at >= now - self.incr_every_n_steps // 4,
         )
         quiet = paddle.logical_and(
             paddle.logical_and(usable, paddle.logical_not(learn)),
-            now - memory.margin_at >= self.incr_every_n_steps,
+            memory.margin_at <= now - self.incr_every_n_steps,
         )
         step = learn.astype(paddle.int32) - quiet.astype(paddle.int32)
         C_ops.clip_(C_ops.add_(memory.margin, step), MIN_MARGIN, MAX_MARGIN)
         changed = paddle.logical_or(learn, quiet)
         paddle.assign(C_ops.where(changed, now, memory.margin_at), output=memory.margin_at)
-        never = paddle.full_like(memory.grown_at, NEVER)
-        paddle.assign(C_ops.where(learn, never, memory.grown_at), output=memory.grown_at)
+        paddle.assign(C_ops.where(learn, known.never, memory.grown_at), output=memory.grown_at)
 
     def _grow_to_fit_(
-        self, memory: HeadroomMemory, usable: Tensor, amax: Tensor, now: Tensor
+        self,
+        memory: HeadroomMemory,
+        usable: Tensor,
+        amax: Tensor,
+        now: Tensor,
+        known: _Constants,
     ) -> Tensor:
-        # The tables and bounds as tensors: a few host-to-device copies, in the one
-        # iteration of a measure_every where the rule looks.
-        place = memory.scale.place
-        factors = paddle.to_tensor(growth_factors(self.incr_ratio), place=place)
-        limit = paddle.gather(paddle.to_tensor(margin_limits(), place=place), memory.margin)
         # How many growth steps fit below the margin's limit; none where nothing was
         # usable (an inf amax fits none).
-        usable_amax = C_ops.where(usable, amax, paddle.full_like(amax, np.inf))
-        steps = (usable_amax * factors[1:] <= limit).sum()
-        cap = paddle.full_like(memory.scale, self._cap)
-        grown = C_ops.minimum(memory.scale * paddle.gather(factors, steps), cap)
+        usable_amax = C_ops.where(usable, amax, known.infinity)
+        limit = paddle.gather(known.limits, memory.margin)
+        steps = (usable_amax * known.growth_factors <= limit).sum()
+        grown = C_ops.minimum(memory.scale * paddle.gather(known.factors, steps), known.cap)
         grew = grown > memory.scale
         paddle.assign(grown, output=memory.scale)
         paddle.assign(C_ops.where(grew, now, memory.grown_at), output=memory.grown_at)
@@ -287,3 +288,32 @@ def growth_factors(incr_ratio: float) -> np.ndarray:
             dtype=np.float32,
         )
     return factors
+
+
+class _Constants:
+    """The rule's constants as device tensors, made once per rule and place: a measured
+    iteration then copies nothing from the host but its number."""
+
+    def __init__(self, rule: HeadroomRule, place: Any) -> None:
+        def on_device(values: Any, dtype: Any = paddle.float32) -> Tensor:
+            return paddle.to_tensor(values, dtype=dtype, place=place)
+
+        self.calibration_stride = float(calibration_stride(rule.decr_ratio))
+        self.min_scale = on_device([rule.min_scale])
+        self.cap = on_device([rule._cap])
+        self.infinity = on_device([np.inf])
+        self.never = on_device([NEVER], paddle.int32)
+        factors = growth_factors(rule.incr_ratio)
+        self.factors = on_device(factors)
+        self.growth_factors = on_device(factors[1:])
+        self.limits = on_device(margin_limits())
+
+
+_made: dict[tuple[HeadroomRule, str], _Constants] = {}
+
+
+def _constants(rule: HeadroomRule, place: Any) -> _Constants:
+    key = (rule, str(place))
+    if key not in _made:
+        _made[key] = _Constants(rule, place)
+    return _made[key]
