@@ -3,8 +3,10 @@
 import collections
 import dataclasses
 import hashlib
+import json
 import math
 import os
+import pathlib
 import pickle
 import pickletools
 import random
@@ -688,3 +690,22 @@ def test_kill_9_at_random_moments_then_resume(tmp_path, policy, steps):
 @pytest.mark.long
 def test_kill_9_many_times(tmp_path):
     kill_and_resume(tmp_path, kills=25, steps=6000)
+
+
+DATA = pathlib.Path(__file__).parent / "data"
+
+
+def test_a_checkpoint_written_by_release_0_2_0_loads_as_it_was_saved():
+    # Written by the package of commit 5fd3599 (the 0.2.0 format) on Paddle 2.6, which
+    # saves no RNG state, so that every Paddle reads it; the headroom policy's memory is
+    # in it, and the JSON beside it holds what that scaler's state_dict() said.
+    written = json.loads((DATA / "headroom-0.2.0.json").read_text())
+    model = paddle.nn.Linear(4, 2)
+    optimizer = paddle.optimizer.Adam(parameters=model.parameters())
+    scaler = GradScaler()
+    path = DATA / "headroom-0.2.0.ckpt"
+    assert load_checkpoint(path, model=model, optimizer=optimizer, scaler=scaler) == 5
+    loaded = scaler.state_dict()
+    loaded["scale"] = float(loaded["scale"][0])
+    assert loaded == written["scaler"]
+    assert read_checkpoint(path).extra == written["extra"]
