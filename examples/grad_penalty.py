@@ -8,7 +8,7 @@ the scale back costs one device sync per step, as in PyTorch's version of this p
 import warnings
 
 # Paddle 3 warns on import that ccache is missing: news for whoever builds C++ extensions,
-# which this example does not (the scaler's helper is built once, quietly).
+# which this example does not.
 warnings.filterwarnings("ignore", message="No ccache found")
 
 import paddle

@@ -12,7 +12,7 @@ overflows and backs off; on a GPU the run is real fp16. The VisualDL log lands i
 import warnings
 
 # Paddle 3 warns on import that ccache is missing: news for whoever builds C++ extensions,
-# which this example does not (the scaler's helper is built once, quietly).
+# which this example does not.
 warnings.filterwarnings("ignore", message="No ccache found")
 # Two of paddle.Model's own: auto_cast, which it enters under amp_configs, does nothing on
 # a CPU, and it copies its inputs with to_tensor.

@@ -8,7 +8,7 @@ gradients held inf or nan, and what it would do if a run never recovered.
 import warnings
 
 # Paddle 3 warns on import that ccache is missing: news for whoever builds C++ extensions,
-# which this example does not (the scaler's helper is built once, quietly).
+# which this example does not.
 warnings.filterwarnings("ignore", message="No ccache found")
 
 import logging

@@ -7,7 +7,7 @@ one found inf/nan. Both losses are scaled by the same factor.
 import warnings
 
 # Paddle 3 warns on import that ccache is missing: news for whoever builds C++ extensions,
-# which this example does not (the scaler's helper is built once, quietly).
+# which this example does not.
 warnings.filterwarnings("ignore", message="No ccache found")
 
 import paddle
