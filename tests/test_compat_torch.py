@@ -267,6 +267,23 @@ def test_update_with_new_scale_sets_it_and_keeps_the_tracker():
     assert run_schedule(scaler, [False, False]) == expected_schedule(rule, [False, False])
 
 
+def test_update_with_new_scale_keeps_to_the_scalers_bounds():
+    # PyTorch has no bounds; this scaler has, and a scale set by hand keeps to them too:
+    # a number outside is refused before anything changes, a tensor (which checking
+    # would read) is clamped into them on the device.
+    scaler = GradScaler("cpu", init_scale=8.0, max_loss_scaling=256.0)
+    for outside in (0.5, 512.0):
+        with pytest.raises(ValueError, match="new_scale .* must lie within"):
+            scaler.update(outside)
+        assert scaler.get_scale() == 8.0
+    for given, clamped in ((0.25, 1.0), (4096.0, 256.0), (16.0, 16.0)):
+        counter = HostReadCounter()
+        with counter.counting():
+            scaler.update(paddle.to_tensor([given]))
+        assert counter.total() == 0, counter.where
+        assert scaler.get_scale() == clamped
+
+
 def test_update_with_new_scale_still_counts_the_iteration():
     scaler = GradScaler("cpu", init_scale=8.0)
     run_schedule(scaler, [True])
