@@ -276,10 +276,10 @@ def test_update_with_new_scale_keeps_to_the_scalers_bounds():
         with pytest.raises(ValueError, match="new_scale .* must lie within"):
             scaler.update(outside)
         assert scaler.get_scale() == 8.0
-    for given, clamped in ((0.25, 1.0), (4096.0, 256.0), (16.0, 16.0)):
+    for asked, clamped in ((0.25, 1.0), (4096.0, 256.0), (16.0, 16.0)):
         counter = HostReadCounter()
         with counter.counting():
-            scaler.update(paddle.to_tensor([given]))
+            scaler.update(paddle.to_tensor([asked]))
         assert counter.total() == 0, counter.where
         assert scaler.get_scale() == clamped
 
