@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import numpy as np
@@ -39,6 +40,14 @@ class Memory:
     scale: Any
     incr_count: Any = 0
     decr_count: Any = 0
+
+    def numbers(self, real: Callable[[Any], Any] = float) -> dict[str, Any]:
+        """Each field as a host number: ``real`` of those in ``FLOATS``, an int of the rest
+        (from device tensors' values, or for a state dict or a tensor's ``fill_``)."""
+        return {
+            field.name: (real if field.name in self.FLOATS else int)(getattr(self, field.name))
+            for field in dataclasses.fields(self)
+        }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,11 +205,7 @@ class IntervalRule:
     def memory_to_state(self, memory: Memory) -> dict[str, Any]:
         """The memory beyond the scale and its counters, as plain Python values for the
         state dict's ``state_key`` entry."""
-        return {
-            field.name: (float if field.name in memory.FLOATS else int)(getattr(memory, field.name))
-            for field in dataclasses.fields(memory)
-            if field.name not in _COUNTED
-        }
+        return {key: value for key, value in memory.numbers().items() if key not in _COUNTED}
 
     @classmethod
     def memory_from_state(cls, value: Any, name: str) -> dict[str, Any]:

@@ -102,10 +102,8 @@ class LossScale(TensorsOnHost):
         in one read of the device."""
         fields = [field.name for field in dataclasses.fields(self.memory)]
         numbers = kernels.read_numbers(*(getattr(self.memory, name) for name in fields), *also)
-        values: dict[str, Any] = {
-            name: np.float32(number) if name in self.memory.FLOATS else int(number)
-            for name, number in zip(fields, numbers)
-        }
+        read = self.rule.memory_type(**dict(zip(fields, numbers)))
+        values = read.numbers(np.float32)
         if self._counters is None:
             self._counters = (values["incr_count"], values["decr_count"])
         values["incr_count"], values["decr_count"] = self._counters
@@ -118,10 +116,8 @@ class LossScale(TensorsOnHost):
         if type(memory) is not type(self.memory):
             on_device = _on_device(memory, self.scale.place)
             self.memory = dataclasses.replace(on_device, scale=self.scale)
-        for field in dataclasses.fields(memory):
-            value = getattr(memory, field.name)
-            number = float(value) if field.name in memory.FLOATS else int(value)
-            getattr(self.memory, field.name).fill_(number)
+        for name, number in memory.numbers().items():
+            getattr(self.memory, name).fill_(number)
         self._counters, self._counters_on_device = (memory.incr_count, memory.decr_count), True
 
     def set_counters(self, incr_count: int | None = None, decr_count: int | None = None) -> None:
