@@ -3,10 +3,8 @@
 import collections
 import dataclasses
 import hashlib
-import json
 import math
 import os
-import pathlib
 import pickle
 import pickletools
 import random
@@ -692,20 +690,75 @@ def test_kill_9_many_times(tmp_path):
     kill_and_resume(tmp_path, kills=25, steps=6000)
 
 
-DATA = pathlib.Path(__file__).parent / "data"
+# The payload of a checkpoint as release 0.2.0's save_checkpoint wrote it (commit
+# 5fd3599, Paddle 2.6, which saves no RNG state): a Linear(4, 2) with Adam by parameter
+# position, and a scaler under the headroom policy, its memory in its state dict.
+SCALER_0_2_0 = {
+    "scale": np.array([8192.0], dtype=np.float32),
+    "incr_ratio": 2.0,
+    "decr_ratio": 0.5,
+    "incr_every_n_steps": 3,
+    "decr_every_n_nan_or_inf": 1,
+    "incr_count": 5,
+    "decr_count": 0,
+    "use_dynamic_loss_scaling": True,
+    "min_loss_scaling": 1.0,
+    "max_loss_scaling": None,
+    "stats": {
+        "iterations": 5,
+        "skipped": 0,
+        "skip_streak": 0,
+        "last_skipped": 0,
+        "growths": 2,
+        "backoffs": 0,
+    },
+    "policy": "headroom",
+    "headroom": {"margin": 1, "margin_at": 3, "anchor": 8192.0, "grown_at": 3, "amax": 12288.0},
+}
 
 
-def test_a_checkpoint_written_by_release_0_2_0_loads_as_it_was_saved():
-    # Written by the package of commit 5fd3599 (the 0.2.0 format) on Paddle 2.6, which
-    # saves no RNG state, so that every Paddle reads it; the headroom policy's memory is
-    # in it, and the JSON beside it holds what that scaler's state_dict() said.
-    written = json.loads((DATA / "headroom-0.2.0.json").read_text())
+def payload_0_2_0():
+    shapes = {0: (4, 2), 1: (2,)}
+    accumulators = {
+        (index, suffix): np.full(shape if "moment" in suffix else (1,), 0.25, dtype="float32")
+        for index, shape in shapes.items()
+        for suffix in ("_moment1_0", "_moment2_0", "_beta1_pow_acc_0", "_beta2_pow_acc_0")
+    }
+    return {
+        "step": 5,
+        "models": [{"weight": np.ones((4, 2), "float32"), "bias": np.zeros(2, "float32")}],
+        "optimizers": [
+            {
+                "parameter_count": 2,
+                "accumulators": accumulators,
+                "master_weights": {},
+                "other": {},
+            }
+        ],
+        "scaler": SCALER_0_2_0,
+        "rng": None,
+        "extra": {"epoch": 1},
+        "paddle_version": "2.6.2",
+    }
+
+
+def test_a_checkpoint_in_release_0_2_0s_format_loads_as_it_was_saved(tmp_path):
+    body = pickle.dumps(payload_0_2_0(), protocol=4)
+    path = tmp_path / "run.ckpt"
+    path.write_bytes(
+        HEADER.pack(b"PDAMPCK\x00", 1, len(body), hashlib.sha256(body).digest()) + body
+    )
     model = paddle.nn.Linear(4, 2)
     optimizer = paddle.optimizer.Adam(parameters=model.parameters())
     scaler = GradScaler()
-    path = DATA / "headroom-0.2.0.ckpt"
     assert load_checkpoint(path, model=model, optimizer=optimizer, scaler=scaler) == 5
     loaded = scaler.state_dict()
-    loaded["scale"] = float(loaded["scale"][0])
-    assert loaded == written["scaler"]
-    assert read_checkpoint(path).extra == written["extra"]
+    np.testing.assert_array_equal(loaded.pop("scale"), SCALER_0_2_0["scale"])
+    assert loaded == {key: value for key, value in SCALER_0_2_0.items() if key != "scale"}
+    np.testing.assert_array_equal(model.weight.numpy(), np.ones((4, 2)))
+    # Paddle makes the accumulators at the first step; Paddle 2.6 holds what was loaded
+    # aside until then.
+    held = {**getattr(optimizer, "_accumulators_holder", {}), **optimizer.state_dict()}
+    moment = held[f"{model.weight.name}_moment1_0"]
+    np.testing.assert_array_equal(moment.numpy(), np.full((4, 2), 0.25))
+    assert read_checkpoint(path).extra == {"epoch": 1}
