@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import importlib.metadata
 import json
 import math
@@ -47,11 +48,10 @@ import paddle_amp_scaler  # noqa: E402
 from paddle_amp_scaler import GradScaler  # noqa: E402
 from paddle_amp_scaler.core.headroom import (  # noqa: E402
     CALIBRATION_ITERATIONS,
+    CALIBRATION_MARGIN,
     CALIBRATION_STRIDE,
-    INITIAL_MARGIN,
-    MAX_GROWTH_STEPS,
-    MAX_MARGIN,
-    MIN_MARGIN,
+    MARGIN,
+    PEAK_HALF_LIFE,
     HeadroomRule,
 )
 from paddle_amp_scaler.core.limits import FLOAT16_MAX  # noqa: E402
@@ -98,8 +98,8 @@ TABLE_ORDER = ["interval", "headroom", "pytorch", "deepspeed", "fp32"]
 COLOURS = {"interval": "tab:blue", "headroom": "tab:orange", "deepspeed": "tab:green"}
 
 # The issue's targets for headroom against interval.
-FLUSH_RATIO_EACH, FLUSH_RATIO_GEOMEAN = 0.5, 0.25
-EXTRA_SKIPS_PER_1000 = 2.0
+FLUSH_RATIO_EACH, FLUSH_RATIO_GEOMEAN, REACH_RATIO_GEOMEAN = 0.5, 0.25, 0.15
+EXTRA_SKIPS_PER_1000 = 1.0
 LOSS_TOLERANCE = 0.05
 
 # The biased float32 exponent of 2**-25 and above, where float16 keeps a scaled gradient
@@ -125,6 +125,9 @@ class Workload:
     loss: Callable[[paddle.nn.Layer, tuple[np.ndarray, np.ndarray]], paddle.Tensor]
     # Iterations whose batch is an outlier (the outlier workload's), for the figure.
     outliers: tuple[int, ...] = ()
+    # Backward passes per step: the batch is split into this many micro-batches, each
+    # scaled and backpropagated on its own, their gradients summed (the loss averaged).
+    accumulation: int = 1
 
 
 def mlp(sizes: list[int]) -> paddle.nn.Layer:
@@ -134,6 +137,17 @@ def mlp(sizes: list[int]) -> paddle.nn.Layer:
             layers.append(paddle.nn.ReLU())
         layers.append(paddle.nn.Linear(inputs, outputs))
     return paddle.nn.Sequential(*layers)
+
+
+def with_adamw(model, census, learning_rate: float, weight_decay: float):
+    """``model``, its matmuls rounded as float16's under ``census`` (None: fp32), and an
+    AdamW over its parameters."""
+    if census is not None:
+        round_linear_layers(model, census)
+    optimizer = paddle.optimizer.AdamW(
+        learning_rate=learning_rate, parameters=model.parameters(), weight_decay=weight_decay
+    )
+    return model, optimizer
 
 
 def classification_loss(model, batch):
@@ -155,12 +169,7 @@ def digits_workload(iterations: int) -> Workload:
     def build(census):
         paddle.seed(SEED)
         model = mlp([64, 256, 128, 10])
-        if census is not None:
-            round_linear_layers(model, census)
-        optimizer = paddle.optimizer.AdamW(
-            learning_rate=2e-3, parameters=model.parameters(), weight_decay=1e-4
-        )
-        return model, optimizer
+        return with_adamw(model, census, 2e-3, 1e-4)
 
     def batch(iteration):
         epoch, position = divmod(iteration, per_epoch)
@@ -244,25 +253,13 @@ class TinyLM(paddle.nn.Layer):
         return self.head(self.norm(x))
 
 
-def copy_lm_workload(iterations: int) -> Workload:
-    """A 2-layer transformer language model on sequences whose second half repeats the
-    first: half the tokens are random (log 32 nats each, for any model), half can be
-    predicted exactly once the model has learned to look back."""
-    vocab, length, width, heads, layers, batch_size = 32, 32, 32, 2, 2, 16
+def copy_task(vocab: int, length: int, batch_size: int, stream: tuple[int, ...] = ()):
+    """The batches of a copy task, sequences whose second half repeats the first (drawn
+    from the random ``stream``), and its loss: the next token's cross-entropy."""
     half = length // 2
 
-    def build(census):
-        paddle.seed(SEED)
-        model = TinyLM(vocab, length, width, heads, layers, census)
-        if census is not None:
-            round_linear_layers(model, census)
-        optimizer = paddle.optimizer.AdamW(
-            learning_rate=1e-3, parameters=model.parameters(), weight_decay=0.01
-        )
-        return model, optimizer
-
     def batch(iteration):
-        rng = np.random.default_rng((SEED, iteration))
+        rng = np.random.default_rng((SEED, *stream, iteration))
         first = rng.integers(0, vocab, (batch_size, half + 1))
         sequence = np.concatenate([first, first[:, :half]], axis=1)
         return sequence[:, :length], sequence[:, 1 : length + 1]
@@ -272,6 +269,21 @@ def copy_lm_workload(iterations: int) -> Workload:
         logits = model(paddle.to_tensor(ids))
         return F.cross_entropy(logits.reshape([-1, vocab]), paddle.to_tensor(targets).reshape([-1]))
 
+    return batch, loss
+
+
+def copy_lm_workload(iterations: int) -> Workload:
+    """A 2-layer transformer language model on sequences whose second half repeats the
+    first: half the tokens are random (log 32 nats each, for any model), half can be
+    predicted exactly once the model has learned to look back."""
+    vocab, length, width, heads, layers, batch_size = 32, 32, 32, 2, 2, 16
+
+    def build(census):
+        paddle.seed(SEED)
+        model = TinyLM(vocab, length, width, heads, layers, census)
+        return with_adamw(model, census, 1e-3, 0.01)
+
+    batch, loss = copy_task(vocab, length, batch_size)
     return Workload(
         "copy-lm",
         "2-layer transformer LM (width 32, 2 heads, vocab 32, 32 tokens; second half "
@@ -304,12 +316,7 @@ def outlier_workload(iterations: int, gaps: tuple[int, int]) -> Workload:
     def build(census):
         paddle.seed(SEED)
         model = mlp([inputs, 128, 128, classes])
-        if census is not None:
-            round_linear_layers(model, census)
-        optimizer = paddle.optimizer.AdamW(
-            learning_rate=1e-3, parameters=model.parameters(), weight_decay=1e-4
-        )
-        return model, optimizer
+        return with_adamw(model, census, 1e-3, 1e-4)
 
     def batch(iteration):
         rng = np.random.default_rng((SEED, 7, iteration))
@@ -332,19 +339,117 @@ def outlier_workload(iterations: int, gaps: tuple[int, int]) -> Workload:
     )
 
 
+@functools.cache
+def pretrained_digits_weights() -> dict[str, np.ndarray]:
+    """The digits MLP trained for 400 fp32 iterations: where the fine-tuning run starts."""
+    workload = digits_workload(400)
+    model, optimizer = workload.build(None)
+    for iteration in range(workload.iterations):
+        workload.loss(model, workload.batch(iteration)).backward()
+        optimizer.step()
+        optimizer.clear_grad()
+    return {name: value.numpy() for name, value in model.state_dict().items()}
+
+
+def fine_tuning_workload(iterations: int) -> Workload:
+    """A trained digits classifier fine-tuned on a shifted domain (dimmer, noisier
+    images): a small learning rate, gradients small from the first step, four micro-
+    batches accumulated per step, and fewer iterations than Paddle's growth period."""
+    features, labels = load_digits(return_X_y=True)
+    features = (features / 16.0).astype("float32")
+    labels = labels.astype("int64")
+    batch_size = 64
+
+    def build(census):
+        paddle.seed(SEED)
+        model = mlp([64, 256, 128, 10])
+        model.set_state_dict(pretrained_digits_weights())
+        return with_adamw(model, census, 5e-5, 1e-4)
+
+    def batch(iteration):
+        rng = np.random.default_rng((SEED, 11, iteration))
+        index = rng.choice(len(features), batch_size, replace=False)
+        shifted = 0.7 * features[index] + rng.normal(0, 0.1, (batch_size, 64))
+        return shifted.astype("float32"), labels[index]
+
+    return Workload(
+        "fine-tuning",
+        "the digits MLP after 400 fp32 iterations, fine-tuned on dimmer, noisier images: "
+        "AdamW 5e-5, batch 64 as 4 accumulated micro-batches of 16",
+        iterations,
+        build,
+        batch,
+        classification_loss,
+        accumulation=4,
+    )
+
+
+class RecurrentLM(paddle.nn.Layer):
+    """A GRU language model unrolled over time from Linear layers, so that every matmul,
+    the recurrent one included, rounds as float16's would: gradients flow back through
+    every time step."""
+
+    def __init__(self, vocab: int, width: int, hidden: int):
+        super().__init__()
+        self.hidden = hidden
+        self.tokens = paddle.nn.Embedding(vocab, width)
+        self.from_input = paddle.nn.Linear(width, 3 * hidden)
+        self.from_state = paddle.nn.Linear(hidden, 3 * hidden)
+        self.head = paddle.nn.Linear(hidden, vocab)
+
+    def forward(self, ids):
+        inputs = self.from_input(self.tokens(ids))
+        state = paddle.zeros([ids.shape[0], self.hidden])
+        states = []
+        for step in range(ids.shape[1]):
+            update, reset, candidate = paddle.split(inputs[:, step], 3, axis=-1)
+            mixed_update, mixed_reset, mixed_candidate = paddle.split(
+                self.from_state(state), 3, axis=-1
+            )
+            keep = F.sigmoid(update + mixed_update)
+            fresh = paddle.tanh(candidate + F.sigmoid(reset + mixed_reset) * mixed_candidate)
+            state = keep * state + (1 - keep) * fresh
+            states.append(state)
+        return self.head(paddle.stack(states, axis=1))
+
+
+def recurrent_workload(iterations: int) -> Workload:
+    """A GRU on the copy task of ``copy_lm_workload``, shorter: it must carry each token
+    twelve time steps to predict its repeat."""
+    vocab, length, batch_size = 16, 24, 32
+
+    def build(census):
+        paddle.seed(SEED)
+        model = RecurrentLM(vocab, 32, 64)
+        return with_adamw(model, census, 2e-3, 0.01)
+
+    batch, loss = copy_task(vocab, length, batch_size, stream=(13,))
+    return Workload(
+        "recurrent",
+        "GRU LM unrolled from Linear layers (embedding 32, state 64, vocab 16, 24 steps; "
+        "second half repeats the first), AdamW 2e-3, batch 32, the recurrent matmul rounded",
+        iterations,
+        build,
+        batch,
+        loss,
+    )
+
+
 @dataclasses.dataclass(frozen=True)
 class Profile:
     digits: int
     lm: int
     outliers: int
     outlier_gaps: tuple[int, int]
+    fine_tuning: int
+    recurrent: int
     tail: int  # the final loss is the mean over this many last iterations
     window: int  # the figure's flushed fraction: per window of iterations
 
 
 PROFILES = {
-    "default": Profile(6000, 4000, 6000, (500, 1000), tail=300, window=100),
-    "quick": Profile(240, 120, 240, (60, 90), tail=40, window=20),
+    "default": Profile(6000, 4000, 6000, (500, 1000), 1200, 2000, tail=300, window=100),
+    "quick": Profile(240, 120, 240, (60, 90), 120, 120, tail=40, window=20),
 }
 
 
@@ -353,6 +458,8 @@ def workloads_for(profile: Profile) -> list[Workload]:
         digits_workload(profile.digits),
         copy_lm_workload(profile.lm),
         outlier_workload(profile.outliers, profile.outlier_gaps),
+        fine_tuning_workload(profile.fine_tuning),
+        recurrent_workload(profile.recurrent),
     ]
 
 
@@ -375,22 +482,25 @@ class Run:
         self.overflow_origins: dict[str, int] = {}
 
     def iterate(self, workload: Workload, batch) -> None:
-        loss = workload.loss(self.model, batch)
+        if self.scaler is not None:
+            self.scale.append(self.scaler.get_loss_scaling())
+        loss = 0.0
+        for micro_batch in zip(*(np.array_split(part, workload.accumulation) for part in batch)):
+            micro_loss = workload.loss(self.model, micro_batch) / workload.accumulation
+            (micro_loss if self.scaler is None else self.scaler.scale(micro_loss)).backward()
+            loss += float(micro_loss)
         if self.scaler is None:
-            loss.backward()
             started = time.perf_counter()
             self.optimizer.step()
             self.step_ms.append((time.perf_counter() - started) * 1e3)
         else:
-            self.scale.append(self.scaler.get_loss_scaling())
-            self.scaler.scale(loss).backward()
             started = time.perf_counter()
             self.scaler.step(self.optimizer)
             self.scaler.update()
             self.step_ms.append((time.perf_counter() - started) * 1e3)
             self.record_census(self.scaler.last_step_skipped())
         self.optimizer.clear_grad()
-        self.loss.append(float(loss))
+        self.loss.append(loss)
 
     def record_census(self, skipped: bool) -> None:
         counts = self.census.end_iteration(skipped=skipped)
@@ -554,50 +664,65 @@ def percent(fraction: float) -> str:
     return f"{100 * fraction:.3g}%"
 
 
-def flush_ratio(result: dict) -> float | None:
-    """headroom's flushed fraction over interval's; None where neither flushes."""
-    headroom = result["summaries"]["headroom"]["flushed_fraction"]
-    interval = result["summaries"]["interval"]["flushed_fraction"]
-    if interval == 0:
-        return None if headroom == 0 else math.inf
-    return headroom / interval
+def ratio(headroom: float, interval: float) -> float | None:
+    """headroom's fraction over interval's; None where interval's is 0 (a target then
+    holds only if headroom's is 0 too)."""
+    return headroom / interval if interval > 0 else None
+
+
+def geometric_mean(ratios: list[float]) -> float:
+    return math.exp(statistics.fmean(math.log(max(r, 1e-12)) for r in ratios))
 
 
 def check_targets(results: list[dict]) -> list[dict]:
+    """The issue's targets for headroom against interval. The flushed fraction counts what
+    no scale could have kept ("beyond any scale"); the per-workload target is therefore
+    on the part within reach, the flushed minus that."""
     checks = []
 
     def check(name: str, passed: bool, detail: str) -> None:
         checks.append({"target": name, "passed": passed, "detail": detail})
 
-    ratios = []
+    reach = within_reach(results)
+    flushed, reached = [], []
     for result in results:
         name, rows = result["name"], result["summaries"]
-        ratio = flush_ratio(result)
-        if ratio is not None:
-            ratios.append(ratio)
+        row = reach[name]
+        if row["ratio"] is not None:
+            reached.append(row["ratio"])
+        flush = ratio(rows["headroom"]["flushed_fraction"], rows["interval"]["flushed_fraction"])
+        if flush is not None:
+            flushed.append(flush)
         check(
-            f"{name}: headroom flushes at most {FLUSH_RATIO_EACH} of what interval flushes",
-            ratio is None or ratio <= FLUSH_RATIO_EACH,
-            "neither flushes"
-            if ratio is None
-            else f"{percent(rows['headroom']['flushed_fraction'])} against "
-            f"{percent(rows['interval']['flushed_fraction'])}: {ratio:.3f}x",
+            f"{name}: headroom's flushes within reach at most {FLUSH_RATIO_EACH} of interval's",
+            row["headroom"] == 0 if row["ratio"] is None else row["ratio"] <= FLUSH_RATIO_EACH,
+            f"{percent(row['headroom'])} against {percent(row['interval'])}"
+            + ("" if row["ratio"] is None else f": {row['ratio']:.3f}x")
+            + " (all flushes: "
+            + ("-" if flush is None else f"{flush:.3f}x")
+            + ")",
         )
-    if ratios:
-        geomean = math.exp(statistics.fmean(math.log(max(r, 1e-12)) for r in ratios))
-        check(
-            f"flushed, geometric mean over the workloads, at most {FLUSH_RATIO_GEOMEAN}x",
-            geomean <= FLUSH_RATIO_GEOMEAN,
-            f"{geomean:.3f}x (" + ", ".join(f"{r:.3f}" for r in ratios) + ")",
-        )
+    for label, ratios, limit in (
+        ("flushed", flushed, FLUSH_RATIO_GEOMEAN),
+        ("flushed within reach", reached, REACH_RATIO_GEOMEAN),
+    ):
+        if ratios:
+            mean = geometric_mean(ratios)
+            check(
+                f"{label}, geometric mean over the workloads, at most {limit}x",
+                mean <= limit,
+                f"{mean:.3f}x (" + ", ".join(f"{r:.3f}" for r in ratios) + ")",
+            )
     for result in results:
         name, rows = result["name"], result["summaries"]
-        extra = rows["headroom"]["skipped_per_1000"] - rows["interval"]["skipped_per_1000"]
+        extra = rows["headroom"]["skipped"] - rows["interval"]["skipped"]
+        allowed = EXTRA_SKIPS_PER_1000 * max(1.0, result["iterations"] / 1000)
         check(
-            f"{name}: headroom skips at most {EXTRA_SKIPS_PER_1000:g} more per 1000 iterations",
-            extra <= EXTRA_SKIPS_PER_1000,
-            f"{rows['headroom']['skipped_per_1000']:.2f} against "
-            f"{rows['interval']['skipped_per_1000']:.2f} per 1000 ({extra:+.2f})",
+            f"{name}: headroom skips at most {EXTRA_SKIPS_PER_1000:g} more per 1000 iterations "
+            f"(at least {EXTRA_SKIPS_PER_1000:g} in all)",
+            extra <= allowed,
+            f"{rows['headroom']['skipped']} against {rows['interval']['skipped']} in "
+            f"{result['iterations']} iterations ({extra:+d}, at most {allowed:+.1f})",
         )
     for result in results:
         name, rows = result["name"], result["summaries"]
@@ -619,7 +744,7 @@ def print_checks(checks: list[dict]) -> None:
 
 
 def within_reach(results: list[dict]) -> dict:
-    """The flush comparison with the elements beyond any scale left out: what a policy
+    """The flushed fraction with the elements beyond any scale left out: what a policy
     could have kept, and did not."""
     ratios = {}
     for result in results:
@@ -628,28 +753,8 @@ def within_reach(results: list[dict]) -> dict:
             policy: rows[policy]["flushed_fraction"] - rows[policy]["beyond_any_scale_fraction"]
             for policy in ("interval", "headroom")
         }
-        ratios[result["name"]] = {
-            **reach,
-            "ratio": reach["headroom"] / reach["interval"] if reach["interval"] > 0 else None,
-        }
+        ratios[result["name"]] = {**reach, "ratio": ratio(reach["headroom"], reach["interval"])}
     return ratios
-
-
-def print_within_reach(reach: dict) -> None:
-    print(
-        "\nWithin reach (not a target): flushed minus beyond any scale, the part a loss scale "
-        "could have kept"
-    )
-    for name, row in reach.items():
-        ratio = "-" if row["ratio"] is None else f"{row['ratio']:.3f}x"
-        print(
-            f"  {name}: headroom {percent(row['headroom'])} against interval "
-            f"{percent(row['interval'])}: {ratio}"
-        )
-    ratios = [row["ratio"] for row in reach.values() if row["ratio"] is not None]
-    if ratios:
-        geomean = math.exp(statistics.fmean(math.log(max(r, 1e-12)) for r in ratios))
-        print(f"  geometric mean: {geomean:.3f}x")
 
 
 def print_details(results: list[dict]) -> None:
@@ -756,7 +861,8 @@ def parse_args(argv):
     )
     parser.add_argument(
         "--workloads",
-        help="comma-separated subset of: digits-mlp, copy-lm, outlier-batches (default: all)",
+        help="comma-separated subset of: digits-mlp, copy-lm, outlier-batches, fine-tuning, "
+        "recurrent (default: all)",
     )
     parser.add_argument("--json", metavar="PATH", help="write every result to PATH as JSON")
     parser.add_argument(
@@ -819,9 +925,8 @@ def main(argv=None) -> int:
         f"iterations and every {measure_every}th"
     )
     print(
-        f"headroom: INITIAL_MARGIN {INITIAL_MARGIN}, MIN_MARGIN {MIN_MARGIN}, "
-        f"MAX_MARGIN {MAX_MARGIN}, MAX_GROWTH_STEPS {MAX_GROWTH_STEPS}, "
-        f"CALIBRATION {CALIBRATION_ITERATIONS} x {CALIBRATION_STRIDE}"
+        f"headroom: MARGIN {MARGIN} (CALIBRATION_MARGIN {CALIBRATION_MARGIN}), PEAK_HALF_LIFE "
+        f"{PEAK_HALF_LIFE}, CALIBRATION {CALIBRATION_ITERATIONS} x {CALIBRATION_STRIDE}"
     )
     for workload in workloads:
         print(
@@ -850,7 +955,6 @@ def main(argv=None) -> int:
     checks = check_targets(results)
     print_checks(checks)
     reach = within_reach(results)
-    print_within_reach(reach)
     print_details(results)
     print(f"\nmeasured in {elapsed:.0f} s")
     if args.json:

@@ -111,7 +111,7 @@ def test_quick_benchmark_reports_every_figure(tmp_path):
 
 POLICY_SCRIPT = os.path.join(REPO, "benchmarks", "policy_bench.py")
 POLICY_ROWS = ["interval", "headroom", "pytorch", "deepspeed", "fp32"]
-WORKLOADS = ["digits-mlp", "copy-lm", "outlier-batches"]
+WORKLOADS = ["digits-mlp", "copy-lm", "outlier-batches", "fine-tuning", "recurrent"]
 
 
 def run_policy_benchmark(*args):
@@ -165,9 +165,16 @@ def test_quick_policy_benchmark_reports_every_workload_and_policy(tmp_path):
     for policy in ("interval", "headroom", "deepspeed"):
         skipped_at = outliers["traces"][policy]["skipped_at"]
         assert set(outliers["outliers"]) <= set(skipped_at), policy
-    # Every target has its PASS or FAIL line, and the JSON agrees with it.
+    # Within reach: the flushed fraction less the part beyond any scale, per policy.
+    for name, row in results["within_reach"].items():
+        rows = named[name]["summaries"]
+        for policy in ("interval", "headroom"):
+            part = rows[policy]["flushed_fraction"] - rows[policy]["beyond_any_scale_fraction"]
+            assert math.isclose(row[policy], part, rel_tol=1e-12, abs_tol=1e-15)
+    # Every target has its PASS or FAIL line, and the JSON agrees with it: per workload,
+    # the flushes within reach, the skips and the loss; the two geometric means.
     checks = results["checks"]
-    assert len(checks) == 3 * len(WORKLOADS) + 1
+    assert len(checks) == 3 * len(WORKLOADS) + 2
     for check in checks:
         verdict = "PASS" if check["passed"] else "FAIL"
         assert f"{verdict}  {check['target']}: {check['detail']}" in result.stdout

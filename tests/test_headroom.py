@@ -69,9 +69,10 @@ def test_headroom_grows_at_once_where_the_interval_rule_waits():
     recorder = Recorder(model)
     train_step(scaler, model, optimizer, batches(steps=1)[0])
     grown = scaler.get_loss_scaling()
-    # Up to the margin below float16's ceiling, in powers of two, in one iteration.
+    # Up to the calibration's margin below float16's ceiling, in powers of two, in one
+    # iteration.
     bits = math.log2(65504.0 / recorder.largest)
-    expected_steps = math.floor(bits - headroom.INITIAL_MARGIN)
+    expected_steps = math.floor(bits - headroom.CALIBRATION_MARGIN)
     assert grown == 2.0 * 2.0**expected_steps
     assert scaler.stats().growths == 1
 
@@ -119,8 +120,8 @@ def test_a_state_dict_resumes_the_policy_and_its_memory_exactly():
     run(first, range(6), model, optimizer, injector)
     saved = first.state_dict()
     assert saved["policy"] == "headroom" and set(saved["headroom"]) == {
-        "margin",
-        "margin_at",
+        "peak",
+        "overflow_amax",
         "anchor",
         "grown_at",
         "amax",
@@ -150,8 +151,8 @@ def test_paddles_and_pytorchs_dicts_load_into_the_policys_defaults():
     saved = scaler.state_dict()
     assert saved["policy"] == "headroom"
     assert saved["headroom"] == {
-        "margin": headroom.INITIAL_MARGIN,
-        "margin_at": 0,
+        "peak": 0.0,
+        "overflow_amax": 0.0,
         "anchor": 0.0,
         "grown_at": headroom.NEVER,
         "amax": 0.0,
@@ -170,7 +171,7 @@ def test_paddles_and_pytorchs_dicts_load_into_the_policys_defaults():
 
 
 # A valid memory: each case below spoils one thing of it.
-MEMORY = {"margin": 2, "margin_at": 0, "anchor": 1.0, "grown_at": 0, "amax": 1.0}
+MEMORY = {"peak": 0.5, "overflow_amax": 0.0, "anchor": 1.0, "grown_at": 0, "amax": 1.0}
 
 
 @pytest.mark.parametrize(
@@ -178,11 +179,16 @@ MEMORY = {"margin": 2, "margin_at": 0, "anchor": 1.0, "grown_at": 0, "amax": 1.0
     [
         ({"policy": "fast"}, "state_dict\\['policy'\\] must be"),
         ({"headroom": {**MEMORY, "amax": None}}, "amax"),
-        ({"headroom": {key: MEMORY[key] for key in ("margin", "anchor")}}, "must be a dict"),
-        ({"headroom": {**MEMORY, "margin": 99}}, "margin"),
+        ({"headroom": {key: MEMORY[key] for key in ("peak", "anchor")}}, "must be a dict"),
+        # The memory of the policy's first, unreleased version, which learned a margin.
+        (
+            {"headroom": {"margin": 1, "margin_at": 3, "anchor": 1.0, "grown_at": 3, "amax": 1.0}},
+            "the keys \\['amax', 'anchor', 'grown_at', 'overflow_amax', 'peak'\\]",
+        ),
+        ({"headroom": {**MEMORY, "peak": -1.0}}, "peak"),
         ({"headroom": {**MEMORY, "anchor": -1.0}}, "anchor"),
-        ({"headroom": {**MEMORY, "margin": 2.5}}, "margin"),
-        ({"headroom": {**MEMORY, "margin_at": "0"}}, "margin_at"),
+        ({"headroom": {**MEMORY, "overflow_amax": math.nan}}, "overflow_amax"),
+        ({"headroom": {**MEMORY, "grown_at": 2.5}}, "grown_at"),
     ],
 )
 def test_a_bad_headroom_dict_names_the_key_and_changes_nothing(change, message):

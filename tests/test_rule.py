@@ -4,6 +4,7 @@ and ``LossScale``, which keeps the counters on the host while the verdicts arriv
 against both."""
 
 import dataclasses
+import math
 
 import numpy as np
 import paddle
@@ -192,67 +193,94 @@ def test_the_device_form_follows_adjust_on_long_sequences(rule, start, founds):
 
 def test_headroom_calibrates_the_start_in_a_few_iterations():
     # From 2**16, gradients that overflow at every scale above 2**4: the first overflow
-    # backs off eight steps at once, and the first finite measurement grows up to the
-    # margin below float16's ceiling.
+    # backs off eight steps at once, and the first finite measurement fits the scale to
+    # the calibration's margin below float16's ceiling.
     rule = HeadroomRule()
     memory, acted = rule.adjust(HeadroomMemory(np.float32(2.0**16)), True, float("inf"), 1)
     assert memory.scale == 2.0**8 and acted
     memory, _ = rule.adjust(memory, True, float("inf"), 2)
     assert memory.scale == 1.0
-    # Finite: amax 0.5 at scale 1; the margin (2 bits) allows 65504 / 4 = 16376.
+    # Finite: amax 0.5 at scale 1; the calibration's margin (2 bits) allows 65504 / 4.
     memory, acted = rule.adjust(memory, False, 0.5, 3)
     assert memory.scale == 2.0**14 and acted and memory.grown_at == 3
-    assert memory.amax == 0.5 and memory.anchor == memory.scale
+    assert memory.amax == 0.5 and memory.peak == 0.5 and memory.anchor == memory.scale
 
 
-def test_headroom_never_grows_into_an_overflow_the_amax_predicts():
+def fitted(peak, limit, incr_ratio=2.0):
+    """The largest scale incr_ratio**k (k an int) with peak * scale <= limit: the fit,
+    worked out apart from the rule."""
+    k = math.floor(math.log(limit / peak, incr_ratio))
+    while peak * incr_ratio ** (k + 1) <= limit:
+        k += 1
+    while peak * incr_ratio**k > limit:
+        k -= 1
+    return incr_ratio**k
+
+
+@pytest.mark.parametrize("amax", [2.0**-3, 1.0, 1000.0, 16376.0, 16377.0, 32752.0, 40000.0])
+def test_a_measured_iteration_fits_the_scale_to_the_peak_either_way(amax):
     rule, memory = HeadroomRule(), HeadroomMemory(np.float32(2.0**10))
-    for amax in (2.0**-3, 2.0**10, 16376.0, 16377.0, 40000.0):
-        after, _ = rule.adjust(memory, False, amax, 10)
-        grew = after.scale > memory.scale
-        assert grew == (amax * 2 <= 16376.0)
-        if grew:  # the amax the grown scale will see stays under the margin's limit
-            assert amax * after.scale / memory.scale <= FLOAT16_MAX / 2**memory.margin
+    after, acted = rule.adjust(memory, False, amax, 64)
+    peak = amax / 2.0**10
+    assert after.peak == np.float32(peak)
+    assert after.scale == fitted(peak, FLOAT16_MAX / 2**headroom.MARGIN)
+    # A fit downward meets growing gradients before they overflow: neither a growth nor
+    # a back-off.
+    assert acted == (after.scale > memory.scale)
 
 
-def test_an_overflow_soon_after_a_growth_widens_the_margin_once():
-    rule = HeadroomRule(incr_every_n_steps=100)
-    memory, _ = rule.adjust(HeadroomMemory(np.float32(2.0**10)), False, 1.0, 1)
-    assert memory.grown_at == 1 and memory.margin == headroom.INITIAL_MARGIN
-    memory, _ = rule.adjust(memory, True, float("inf"), 2)
-    # Backed off now; this look sees it within 100 // 4 iterations of the growth.
-    assert memory.margin == headroom.INITIAL_MARGIN + 1 and memory.margin_at == 2
-    # A second overflow after the same growth is not charged to it again.
-    memory, _ = rule.adjust(memory, True, float("inf"), 3)
-    assert memory.margin == headroom.INITIAL_MARGIN + 1 and memory.grown_at == headroom.NEVER
+def test_the_peak_forgets_a_bit_per_half_life():
+    rule = HeadroomRule()
+    memory, _ = rule.adjust(HeadroomMemory(np.float32(2.0**10)), False, 30000.0, 64)
+    assert memory.scale == 2.0**10
+    # The gradients shrink 16-fold at once; measured every 64 iterations, the scale
+    # climbs one growth per half-life, not all the way at the next measurement.
+    grown_at = {}
+    for iteration in range(128, 64 * 40, 64):
+        amax = 30000.0 / 16 * float(memory.scale) / 2.0**10
+        memory, _ = rule.adjust(memory, False, amax, iteration)
+        grown_at.setdefault(float(memory.scale), iteration)
+    apart = [grown_at[2.0 ** (k + 1)] - grown_at[2.0**k] for k in (11, 12)]
+    assert all(abs(gap - headroom.PEAK_HALF_LIFE) <= 64 for gap in apart), grown_at
+    assert memory.scale == 2.0**14  # where the shrunk gradients fit: 30000 / 16 * 16 <= 32752
+
+
+def test_an_overflow_soon_after_a_growth_holds_the_scale_a_growth_below_it():
+    rule = HeadroomRule(incr_every_n_steps=1000)
+    memory, _ = rule.adjust(HeadroomMemory(np.float32(2.0**10)), False, 1.0, 64)
+    top = memory.scale
+    assert memory.grown_at == 64
+    memory, _ = rule.adjust(memory, True, None, 100)  # within 1000 // 4 of the growth
+    assert memory.scale == top / 2
+    memory, _ = rule.adjust(memory, False, 0.5, 128)  # room to grow, but it overflowed
+    assert memory.overflow_amax == FLOAT16_MAX / top and memory.scale == top / 2
+    # What the overflow proved falls a growth per 1000 iterations; the gradients keep room.
+    for iteration in range(192, 1300, 64):
+        memory, _ = rule.adjust(memory, False, float(memory.scale) / 2**15, iteration)
+        assert memory.scale == (top if iteration >= 128 + 1000 else top / 2), iteration
 
 
 def test_a_spike_long_after_the_last_growth_is_climbed_back_at_once():
     rule = HeadroomRule(incr_every_n_steps=100)
-    memory, _ = rule.adjust(HeadroomMemory(np.float32(2.0**10)), False, 1.0, 1)
+    memory, _ = rule.adjust(HeadroomMemory(np.float32(2.0**10)), False, 1.0, 64)
     top = memory.scale
-    for iteration in range(2, 32):  # 30 quiet iterations, past 100 // 4; no room to double
-        memory, _ = rule.adjust(memory, False, 9000.0, iteration)
+    memory, _ = rule.adjust(memory, False, 20000.0, 128)  # no room to grow
     assert memory.scale == top
-    memory, _ = rule.adjust(memory, True, float("inf"), 32)
-    assert memory.scale == top / 2 and memory.margin == headroom.INITIAL_MARGIN
-    memory, _ = rule.adjust(memory, False, 4500.0, 33)  # the same gradients, at half scale
-    assert memory.scale == top
+    memory, _ = rule.adjust(memory, True, None, 180)  # long after the growth at 64
+    assert memory.scale == top / 2
+    memory, _ = rule.adjust(memory, False, 10000.0, 192)  # the same gradients, at half scale
+    assert memory.scale == top and memory.overflow_amax == 0
 
 
-def test_the_margin_narrows_a_bit_once_it_stood_a_period_spikes_or_not():
-    rule = HeadroomRule(incr_every_n_steps=4)
-    memory = HeadroomMemory(np.float32(2.0**10))
-    for iteration in range(1, 4):
-        memory, _ = rule.adjust(memory, False, 9000.0, iteration)
-    assert memory.margin == headroom.INITIAL_MARGIN
-    # A spike (no growth before it) does not restart the margin's stretch.
-    memory, _ = rule.adjust(memory, True, float("inf"), 4)
-    memory, _ = rule.adjust(memory, False, 9000.0, 5)
-    assert memory.margin == headroom.INITIAL_MARGIN - 1 and memory.margin_at == 5
-    for iteration in range(6, 14):
-        memory, _ = rule.adjust(memory, False, 30000.0, iteration)
-    assert memory.margin == headroom.MIN_MARGIN
+def test_gradients_that_are_not_float16_hold_the_scale():
+    # Finite beyond 65504: float32 gradients (amp_guard off, as on a CPU) or a sum over
+    # several backward passes. The rule holds; headroom_bits says how far beyond.
+    rule = HeadroomRule()
+    memory, acted = rule.adjust(HeadroomMemory(np.float32(2.0**16)), False, 2.0**17, 1)
+    assert memory.scale == 2.0**16 and not acted and memory.peak == 0
+    assert rule.headroom_bits(memory) == math.log2(FLOAT16_MAX / 2.0**17) < 0
+    memory, _ = rule.adjust(memory, False, 2.0**10, 2)  # float16's again: it fits
+    assert memory.scale == fitted(2.0**10 / 2.0**16, FLOAT16_MAX / 4)
 
 
 def test_unmeasured_iterations_only_back_off():

@@ -2,16 +2,17 @@
 remembers beyond the scale and its counters.
 
 Paddle's rule grows blindly every period and climbs back one growth per period after a
-spike. This one measures the gradients' largest magnitude (the amax) and keeps it a
-margin below float16's ceiling, so the scale sits as high as the gradients allow, as
-soon as they allow it: small gradients flush to zero far less. Like ``IntervalRule`` it
-is written twice, pure (``adjust``) and on the device (``adjust_``), with the same names
-and the same direction of every comparison.
+spike. This one measures the gradients' largest magnitude (the amax) and fits the scale
+to the largest amax seen lately, a margin below float16's ceiling, so the scale sits as
+high as the gradients allow, as soon as they allow it: small gradients flush to zero far
+less. Like ``IntervalRule`` it is written twice, pure (``adjust``) and on the device
+(``adjust_``), with the same names and the same direction of every comparison.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any, ClassVar, cast
 
@@ -24,12 +25,13 @@ from .interval import IntervalRule, Memory
 from .kernels import C_ops
 from .limits import FLOAT16_MAX, FLOAT32_MAX, INT32_MAX
 
-# The margin, in bits below FLOAT16_MAX that the amax is kept: where it starts, and the
-# bounds it is learned within.
-INITIAL_MARGIN, MIN_MARGIN, MAX_MARGIN = 2, 1, 24
-# The most growth steps one measurement may take (24 doublings: from 2**16 to float32's
-# top in two measurements).
-MAX_GROWTH_STEPS = 24
+# Bits kept between the peak amax and float16's ceiling, and one more while the peak
+# rests on the first measurements alone.
+MARGIN, CALIBRATION_MARGIN = 1, 2
+# The peak halves in this many iterations: it forgets one bit per half-life.
+PEAK_HALF_LIFE = 512
+# The most growth steps one fit moves the scale, either way.
+MAX_FIT_STEPS = 24
 # The first iterations are all measured, and an overflow in them backs off this many
 # steps at once: an initial scale far too high is found in a few iterations, not one
 # halving per skipped step.
@@ -43,20 +45,24 @@ class HeadroomMemory(Memory):
     """``Memory``, and what the headroom rule learns.
 
     Args:
-        margin: bits kept between the amax and float16's ceiling.
-        margin_at: the iteration of the margin's last change (0: none yet).
+        peak: the largest true (unscaled) amax measured lately, forgetting a bit every
+            ``PEAK_HALF_LIFE`` iterations (0: none yet).
+        overflow_amax: the true amax an overflow proved, ``FLOAT16_MAX`` over the scale
+            that overflowed soon after the scale reached it: the scale stays a growth
+            below that one. It falls a growth every ``incr_every_n_steps`` iterations
+            (0: none).
         anchor: the scale after the last measured iteration (0: none yet).
-        grown_at: the iteration of the last growth (``NEVER``: none, or already charged).
+        grown_at: the iteration of the last growth (``NEVER``: none).
         amax: the amax of the last finite measured iteration (0: none yet).
 
     ``incr_count`` counts the finite iterations since the last overflow: the counters
     only ever back off.
     """
 
-    FLOATS: ClassVar[tuple[str, ...]] = ("scale", "anchor", "amax")
+    FLOATS: ClassVar[tuple[str, ...]] = ("scale", "peak", "overflow_amax", "anchor", "amax")
 
-    margin: Any = INITIAL_MARGIN
-    margin_at: Any = 0
+    peak: Any = 0.0
+    overflow_amax: Any = 0.0
     anchor: Any = 0.0
     grown_at: Any = NEVER
     amax: Any = 0.0
@@ -64,27 +70,35 @@ class HeadroomMemory(Memory):
 
 @dataclasses.dataclass(frozen=True)
 class HeadroomRule(IntervalRule):
-    """Grow as soon as the gradients' amax leaves room below float16's ceiling, keeping a
-    margin learned from the overflows that still happen::
+    """Fit the scale to the largest amax of late, a margin below float16's ceiling, in
+    both directions, and keep a growth below any scale that overflowed soon after it was
+    reached::
 
         back off as the interval rule does; never grow by the counters
         if measured:
             calibrate: an overflow in the first iterations backs off eight steps at once
-            learn:     a back-off soon after a growth means that growth was too greedy:
-                       widen the margin by a bit, charged once per growth
-            narrow:    a margin that stood a whole period moves a bit closer
-            grow:      to the largest scale that keeps the amax within the margin
+            overflow:  overflow_amax falls a growth per incr_every_n_steps iterations; an
+                       overflow within a quarter of that after a growth raises it to
+                       65504 / the scale that overflowed
+            peak:      halves every 512 iterations; the larger of it and the true amax
+            fit:       the scale becomes the one, in whole growth steps, that keeps
+                       peak * scale at most 65504 / 2**margin (margin 1; 2 in the first
+                       iterations) and overflow_amax * scale * incr_ratio at most 65504
 
     Why: gradients shrink as a loss falls, and a run can be short; a blind rule leaves the
     scale far below what they allow for a thousand iterations at a time, and float16
-    flushes what falls below its floor. An overflow long after the last growth is a spike,
-    not a sign of a thin margin: the scale backs off and climbs back at the next
-    measurement. The amax is measured in the first iterations and then one in
-    ``measure_every``, where one operation per gradient is cheap next to a step.
+    flushes what falls below its floor. One measured amax is a single draw: the peak over
+    several is what the iterations between measurements reach. A fit downward meets
+    gradients that grow before they overflow. An overflow soon after a growth says that
+    level is too high, for a long while; one long after it is a spike, and the scale
+    climbs back at the next measurement. A measured amax above 65504 that is finite is
+    not of float16 gradients (float32 ones where ``amp_guard`` is off, or gradients summed
+    over several backward passes): the rule holds the scale. The amax is measured in the
+    first iterations and then one in ``measure_every``, where one operation per gradient
+    is cheap next to a step.
 
     The Paddle arguments keep their meaning but for one: ``incr_every_n_steps`` is how
-    long the margin stands before it tries a bit closer, and a growth counts as too
-    greedy when a back-off follows within a quarter of it.
+    long a scale that overflowed is held off, a growth each that many iterations.
     """
 
     name: ClassVar[str] = "headroom"
@@ -100,7 +114,8 @@ class HeadroomRule(IntervalRule):
         return iteration <= CALIBRATION_ITERATIONS or iteration % self.measure_every == 0
 
     def headroom_bits(self, memory: Memory) -> float | None:
-        """log2(FLOAT16_MAX / amax) of the last finite measured iteration; None before it."""
+        """log2(FLOAT16_MAX / amax) of the last finite measured iteration; None before it.
+        Negative: those gradients were not float16, and the rule held the scale."""
         amax = float(cast(HeadroomMemory, memory).amax)
         return math.log2(FLOAT16_MAX / amax) if amax > 0 else None
 
@@ -109,61 +124,83 @@ class HeadroomRule(IntervalRule):
     def adjust(
         self, memory: Memory, found: bool, amax: float | None = None, iteration: int = 0
     ) -> tuple[Memory, bool]:
-        """The memory after ``iteration`` (1-based) and whether the scale moved. ``amax`` is
-        the largest magnitude among the scaled gradients checked, before unscaling; None
-        where the iteration was not measured (``measures``)."""
+        """The memory after ``iteration`` (1-based) and whether the rule grew or backed
+        off (a fit downward is neither). ``amax`` is the largest magnitude among the scaled
+        gradients checked, before unscaling; None where the iteration was not measured
+        (``measures``)."""
         counted, backed_off = super().adjust(memory, found)
         if amax is None:
             return counted, backed_off
-        moved = cast(HeadroomMemory, counted)
+        moved = _in_float32(cast(HeadroomMemory, counted))
         if backed_off and iteration <= CALIBRATION_ITERATIONS:
             moved = self._calibrate(moved)
-        usable = not found and amax > 0
-        moved = self._learn_or_narrow(moved, usable, iteration)
-        moved, grew = self._grow_to_fit(moved, usable, amax, iteration)
-        return dataclasses.replace(moved, anchor=moved.scale), backed_off or grew
+        amax = np.float32(0.0 if found else amax)
+        usable = bool(0 < amax <= FLOAT16_MAX)
+        constants = self._constants(iteration)
+        moved = self._remember_overflow(moved, constants, iteration)
+        moved = self._remember_peak(moved, usable, amax, constants)
+        moved, grew = self._fit(moved, usable, constants, iteration)
+        moved = dataclasses.replace(
+            moved, anchor=moved.scale, amax=amax if amax > 0 else moved.amax
+        )
+        return moved, backed_off or grew
 
     def _calibrate(self, memory: HeadroomMemory) -> HeadroomMemory:
         lowered = memory.scale * calibration_stride(self.decr_ratio)
         return dataclasses.replace(memory, scale=max(lowered, np.float32(self.min_scale)))
 
-    def _learn_or_narrow(
-        self, memory: HeadroomMemory, usable: bool, iteration: int
+    def _remember_overflow(
+        self, memory: HeadroomMemory, constants: _Constants, iteration: int
     ) -> HeadroomMemory:
-        learn = (
+        overflow_amax = memory.overflow_amax * constants.overflow_fall
+        too_high = (
             memory.scale < memory.anchor
             and memory.grown_at >= iteration - self.incr_every_n_steps // 4
         )
-        # Learning and narrowing at once would leave the margin where it was.
-        quiet = usable and not learn and memory.margin_at <= iteration - self.incr_every_n_steps
-        margin = min(max(memory.margin + int(learn) - int(quiet), MIN_MARGIN), MAX_MARGIN)
-        return dataclasses.replace(
-            memory,
-            margin=margin,
-            margin_at=iteration if learn or quiet else memory.margin_at,
-            # A growth is charged one bit of margin at most: learning forgets it.
-            grown_at=NEVER if learn else memory.grown_at,
-        )
+        if too_high:
+            overflow_amax = max(overflow_amax, constants.float16_max / memory.anchor)
+        return dataclasses.replace(memory, overflow_amax=overflow_amax)
 
-    def _grow_to_fit(
-        self, memory: HeadroomMemory, usable: bool, amax: float, iteration: int
+    def _remember_peak(
+        self, memory: HeadroomMemory, usable: bool, amax: np.float32, constants: _Constants
+    ) -> HeadroomMemory:
+        peak = memory.peak * constants.peak_fall
+        if usable:
+            peak = max(peak, amax / memory.scale)
+        return dataclasses.replace(memory, peak=peak)
+
+    def _fit(
+        self, memory: HeadroomMemory, usable: bool, constants: _Constants, iteration: int
     ) -> tuple[HeadroomMemory, bool]:
         if not usable:
             return memory, False
-        steps = growth_steps(amax, memory.margin, self.incr_ratio)
-        factor = growth_factors(self.incr_ratio)[steps]
+        # The overflow's bound as a peak: overflow_amax * scale * incr_ratio <= 65504 is
+        # overflow_amax * incr_ratio / 2**margin * scale <= limit.
+        peak = max(memory.peak, memory.overflow_amax * constants.overflow_to_peak)
         with np.errstate(over="ignore"):
-            grown = min(memory.scale * factor, np.float32(self._cap))
-        grew = bool(grown > memory.scale)
+            room = constants.limit / (peak * memory.scale)
+        # The factors that fit, counted from the lowest: its index names the largest.
+        steps = int(np.count_nonzero(constants.factors[1:] <= room))
+        fitted = memory.scale * constants.factors[steps]
+        fitted = min(max(fitted, constants.min_scale), constants.cap)
+        grew = bool(fitted > memory.scale)
         return (
             dataclasses.replace(
-                memory,
-                scale=grown if grew else memory.scale,
-                grown_at=iteration if grew else memory.grown_at,
-                amax=np.float32(amax),
+                memory, scale=fitted, grown_at=iteration if grew else memory.grown_at
             ),
             grew,
         )
+
+    def _constants(self, iteration: int) -> _Constants:
+        calibrating = iteration <= CALIBRATION_ITERATIONS
+        return _constants(self, self._since_last_measure(iteration), calibrating)
+
+    def _since_last_measure(self, iteration: int) -> int:
+        """Iterations since the measurement before ``iteration``, by the schedule."""
+        if iteration <= CALIBRATION_ITERATIONS:
+            return 1
+        previous = (iteration - 1) // self.measure_every * self.measure_every
+        return iteration - max(previous, CALIBRATION_ITERATIONS)
 
     @property
     def _cap(self) -> float:
@@ -176,61 +213,63 @@ class HeadroomRule(IntervalRule):
     ) -> Tensor:
         """``adjust`` on the device tensors of ``memory``, in place: the interval rule's
         back-off in every iteration (its cost, no more); in a measured one, the rest in
-        some fifty operations on tensors that never leave the device."""
+        some forty operations on tensors that never leave the device."""
         backed_off = super().adjust_(memory, found)
         if amax is None:
             return backed_off
         tensors = cast(HeadroomMemory, memory)
-        known = _constants(self, tensors.scale.place)
+        constants = self._constants(iteration)
+        known = constants.on(tensors.scale.place)
         if iteration <= CALIBRATION_ITERATIONS:
             self._calibrate_(tensors, backed_off, known)
-        now = paddle.full_like(tensors.margin_at, iteration)
-        usable = paddle.logical_and(paddle.logical_not(found), amax > 0)
-        self._learn_or_narrow_(tensors, usable, now, known)
-        grew = self._grow_to_fit_(tensors, usable, amax, now, known)
+        now = paddle.full_like(tensors.grown_at, iteration)
+        amax = C_ops.where(found, known.zero, amax)
+        finite = amax > 0
+        usable = paddle.logical_and(finite, amax <= FLOAT16_MAX)
+        self._remember_overflow_(tensors, constants, now, known)
+        self._remember_peak_(tensors, usable, amax, constants)
+        grew = self._fit_(tensors, usable, known, now)
         paddle.assign(tensors.scale, output=tensors.anchor)
+        paddle.assign(C_ops.where(finite, amax, tensors.amax), output=tensors.amax)
         return paddle.logical_or(backed_off, grew)
 
-    def _calibrate_(self, memory: HeadroomMemory, backed_off: Tensor, known: _Constants) -> None:
+    def _calibrate_(self, memory: HeadroomMemory, backed_off: Tensor, known: _OnDevice) -> None:
         scale = memory.scale
         lowered = C_ops.maximum(scale * known.calibration_stride, known.min_scale)
         paddle.assign(C_ops.where(backed_off, lowered, scale), output=scale)
 
-    def _learn_or_narrow_(
-        self, memory: HeadroomMemory, usable: Tensor, now: Tensor, known: _Constants
+    def _remember_overflow_(
+        self, memory: HeadroomMemory, constants: _Constants, now: Tensor, known: _OnDevice
     ) -> None:
-        learn = paddle.logical_and(
+        overflow_amax = memory.overflow_amax * float(constants.overflow_fall)
+        too_high = paddle.logical_and(
             memory.scale < memory.anchor,
             memory.grown_at >= now - self.incr_every_n_steps // 4,
         )
-        quiet = paddle.logical_and(
-            paddle.logical_and(usable, paddle.logical_not(learn)),
-            memory.margin_at <= now - self.incr_every_n_steps,
-        )
-        step = learn.astype(paddle.int32) - quiet.astype(paddle.int32)
-        C_ops.clip_(C_ops.add_(memory.margin, step), MIN_MARGIN, MAX_MARGIN)
-        changed = paddle.logical_or(learn, quiet)
-        paddle.assign(C_ops.where(changed, now, memory.margin_at), output=memory.margin_at)
-        paddle.assign(C_ops.where(learn, known.never, memory.grown_at), output=memory.grown_at)
+        proven = C_ops.maximum(overflow_amax, known.float16_max / memory.anchor)
+        overflow_amax = C_ops.where(too_high, proven, overflow_amax)
+        paddle.assign(overflow_amax, output=memory.overflow_amax)
 
-    def _grow_to_fit_(
-        self,
-        memory: HeadroomMemory,
-        usable: Tensor,
-        amax: Tensor,
-        now: Tensor,
-        known: _Constants,
+    def _remember_peak_(
+        self, memory: HeadroomMemory, usable: Tensor, amax: Tensor, constants: _Constants
+    ) -> None:
+        peak = memory.peak * float(constants.peak_fall)
+        peak = C_ops.where(usable, C_ops.maximum(peak, amax / memory.scale), peak)
+        paddle.assign(peak, output=memory.peak)
+
+    def _fit_(
+        self, memory: HeadroomMemory, usable: Tensor, known: _OnDevice, now: Tensor
     ) -> Tensor:
-        # How many growth steps fit below the margin's limit; none where nothing was
-        # usable (an inf amax fits none).
-        usable_amax = C_ops.where(usable, amax, known.infinity)
-        limit = paddle.gather(known.limits, memory.margin)
-        steps = (usable_amax * known.growth_factors <= limit).sum()
-        grown = C_ops.minimum(memory.scale * paddle.gather(known.factors, steps), known.cap)
-        grew = grown > memory.scale
-        paddle.assign(grown, output=memory.scale)
+        scale = memory.scale
+        peak = C_ops.maximum(memory.peak, memory.overflow_amax * float(known.overflow_to_peak))
+        room = known.limit / (peak * scale)
+        steps = (known.factors_above_lowest <= room).sum()
+        factor = paddle.gather(known.factors, steps)
+        fitted = C_ops.minimum(C_ops.maximum(scale * factor, known.min_scale), known.cap)
+        fitted = C_ops.where(usable, fitted, scale)
+        grew = fitted > scale
+        paddle.assign(fitted, output=scale)
         paddle.assign(C_ops.where(grew, now, memory.grown_at), output=memory.grown_at)
-        paddle.assign(C_ops.where(usable, amax, memory.amax), output=memory.amax)
         return grew
 
     # -- the state dict -------------------------------------------------------------------
@@ -239,8 +278,8 @@ class HeadroomRule(IntervalRule):
     def memory_from_state(cls, value: Any, name: str) -> dict[str, Any]:
         # Where each field of the memory may lie; those in FLOATS are numbers, the rest ints.
         bounds: dict[str, tuple[Any, Any]] = {
-            "margin": (MIN_MARGIN, MAX_MARGIN),
-            "margin_at": (0, INT32_MAX),
+            "peak": (0, FLOAT32_MAX),
+            "overflow_amax": (0, FLOAT32_MAX),
             "anchor": (0, FLOAT32_MAX),
             "grown_at": (NEVER, INT32_MAX),
             "amax": (0, FLOAT32_MAX),
@@ -256,13 +295,11 @@ class HeadroomRule(IntervalRule):
         }
 
 
-def growth_steps(amax: float, margin: int, incr_ratio: float) -> int:
-    """The largest k <= MAX_GROWTH_STEPS with ``amax * incr_ratio**k`` at most
-    ``FLOAT16_MAX / 2**margin``, in float32 (0 for an amax that leaves no room)."""
-    limit = margin_limits()[margin]
-    with np.errstate(over="ignore"):
-        products = np.float32(amax) * growth_factors(incr_ratio)[1:]
-    return int(np.count_nonzero(products <= limit))
+def _in_float32(memory: HeadroomMemory) -> HeadroomMemory:
+    """``memory`` with its ``FLOATS`` as float32 numbers, as the device holds them."""
+    return dataclasses.replace(
+        memory, **{name: np.float32(getattr(memory, name)) for name in memory.FLOATS}
+    )
 
 
 def calibration_stride(decr_ratio: float) -> np.float32:
@@ -271,49 +308,64 @@ def calibration_stride(decr_ratio: float) -> np.float32:
     return np.float32(decr_ratio ** (CALIBRATION_STRIDE - 1))
 
 
-def margin_limits() -> np.ndarray:
-    """float32 ``FLOAT16_MAX / 2 ** margin`` for margin = 0 .. MAX_MARGIN (both forms use
-    this table)."""
-    margins = np.arange(MAX_MARGIN + 1, dtype=np.float32)
-    limits: np.ndarray = np.float32(FLOAT16_MAX) * np.exp2(-margins).astype(np.float32)
-    return limits
-
-
-def growth_factors(incr_ratio: float) -> np.ndarray:
-    """float32 ``incr_ratio ** k`` for k = 0 .. MAX_GROWTH_STEPS, as a cumulative product
-    (both forms use this table)."""
-    with np.errstate(over="ignore"):
-        factors: np.ndarray = np.cumprod(
-            np.concatenate([[1.0], np.full(MAX_GROWTH_STEPS, incr_ratio)]).astype(np.float32),
-            dtype=np.float32,
-        )
-    return factors
-
-
+# Compared by identity: each is made once (``_constants``), and keys its device copies.
+@dataclasses.dataclass(frozen=True, eq=False)
 class _Constants:
-    """The rule's constants as device tensors, made once per rule and place: a measured
-    iteration then copies nothing from the host but its number."""
+    """The numbers a measured iteration works with, in float32, as both forms use them."""
 
-    def __init__(self, rule: HeadroomRule, place: Any) -> None:
-        def on_device(values: Any, dtype: Any = paddle.float32) -> Tensor:
+    limit: np.float32  # FLOAT16_MAX / 2**margin
+    peak_fall: np.float32  # the peak's forgetting since the last measurement
+    overflow_fall: np.float32  # overflow_amax's fall since the last measurement
+    overflow_to_peak: np.float32  # incr_ratio / 2**margin
+    float16_max: np.float32
+    min_scale: np.float32
+    cap: np.float32
+    calibration_stride: np.float32
+    factors: np.ndarray  # incr_ratio**k for k = -MAX_FIT_STEPS .. MAX_FIT_STEPS
+
+    def on(self, place: Any) -> _OnDevice:
+        key = (self, str(place))
+        if key not in _made:
+            _made[key] = _OnDevice(self, place)
+        return _made[key]
+
+
+@functools.cache
+def _constants(rule: HeadroomRule, since: int, calibrating: bool) -> _Constants:
+    margin = CALIBRATION_MARGIN if calibrating else MARGIN
+    steps = np.arange(-MAX_FIT_STEPS, MAX_FIT_STEPS + 1, dtype=np.float64)
+    with np.errstate(over="ignore"):
+        factors = np.power(rule.incr_ratio, steps).astype(np.float32)
+    return _Constants(
+        limit=np.float32(FLOAT16_MAX / 2**margin),
+        peak_fall=np.float32(2.0 ** (-since / PEAK_HALF_LIFE)),
+        overflow_fall=np.float32(rule.incr_ratio ** (-since / rule.incr_every_n_steps)),
+        overflow_to_peak=np.float32(rule.incr_ratio / 2**margin),
+        float16_max=np.float32(FLOAT16_MAX),
+        min_scale=np.float32(rule.min_scale),
+        cap=np.float32(rule._cap),
+        calibration_stride=calibration_stride(rule.decr_ratio),
+        factors=factors,
+    )
+
+
+class _OnDevice:
+    """``_Constants`` as [1] device tensors (``factors`` whole), made once per place: a
+    measured iteration then copies nothing from the host but its number."""
+
+    def __init__(self, constants: _Constants, place: Any) -> None:
+        def tensor(values: Any, dtype: Any = paddle.float32) -> Tensor:
             return paddle.to_tensor(values, dtype=dtype, place=place)
 
-        self.calibration_stride = float(calibration_stride(rule.decr_ratio))
-        self.min_scale = on_device([rule.min_scale])
-        self.cap = on_device([rule._cap])
-        self.infinity = on_device([np.inf])
-        self.never = on_device([NEVER], paddle.int32)
-        factors = growth_factors(rule.incr_ratio)
-        self.factors = on_device(factors)
-        self.growth_factors = on_device(factors[1:])
-        self.limits = on_device(margin_limits())
+        self.limit = tensor([constants.limit])
+        self.overflow_to_peak = constants.overflow_to_peak
+        self.float16_max = tensor([constants.float16_max])
+        self.min_scale = tensor([constants.min_scale])
+        self.cap = tensor([constants.cap])
+        self.factors = tensor(constants.factors)
+        self.factors_above_lowest = tensor(constants.factors[1:])
+        self.calibration_stride = float(constants.calibration_stride)
+        self.zero = tensor([0.0])
 
 
-_made: dict[tuple[HeadroomRule, str], _Constants] = {}
-
-
-def _constants(rule: HeadroomRule, place: Any) -> _Constants:
-    key = (rule, str(place))
-    if key not in _made:
-        _made[key] = _Constants(rule, place)
-    return _made[key]
+_made: dict[tuple[_Constants, str], _OnDevice] = {}

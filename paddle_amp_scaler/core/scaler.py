@@ -84,9 +84,9 @@ class AmpScaler(TensorsOnHost):
         use_dynamic_loss_scaling: False keeps the scale fixed (steps with inf/nan are
             still skipped).
         policy: how the dynamic scale moves: ``"interval"`` (Paddle's rule) or
-            ``"headroom"`` (measures the gradients' largest magnitude and keeps it a
-            learned margin below float16's ceiling; ``incr_every_n_steps`` is then how
-            long the margin stands before it tries one bit closer).
+            ``"headroom"`` (measures the gradients' largest magnitude and fits the scale
+            to the largest of late, a bit below float16's ceiling; ``incr_every_n_steps``
+            is then how long a level that overflowed is held off).
         min_loss_scaling: the scale never falls below it (default 1.0; a value below
             1.0 is honoured too).
         max_loss_scaling: the scale never grows above it (default None: float32's

@@ -31,12 +31,15 @@ class ScalerStats:
         skip_streak: the current run of consecutive skipped iterations.
         last_skipped: the number (1-based) of the last skipped iteration, or None.
         growths: the times the update rule raised the scale.
-        backoffs: the times it lowered the scale (a back-off held at the floor counts).
+        backoffs: the times it backed off after an overflow (one held at the floor
+            counts; the headroom policy's fit downward, which skips nothing, does not).
         scale: the current scale.
         headroom_bits: under the headroom policy, log2 of float16's largest value over
             the amax of the last finite measured iteration (how many doublings the
             gradients had left before inf); None where the policy does not measure it,
-            or before its first measurement.
+            or before its first measurement; negative where those gradients exceeded
+            float16's range without overflowing, so were not float16 (float32 ones
+            where ``amp_guard`` is off, as on a CPU), and the policy held the scale.
     """
 
     iterations: int
