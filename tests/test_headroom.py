@@ -121,7 +121,7 @@ def test_a_state_dict_resumes_the_policy_and_its_memory_exactly():
     saved = first.state_dict()
     assert saved["policy"] == "headroom" and set(saved["headroom"]) == {
         "peak",
-        "overflow_amax",
+        "overflow_peak",
         "anchor",
         "grown_at",
         "amax",
@@ -152,7 +152,7 @@ def test_paddles_and_pytorchs_dicts_load_into_the_policys_defaults():
     assert saved["policy"] == "headroom"
     assert saved["headroom"] == {
         "peak": 0.0,
-        "overflow_amax": 0.0,
+        "overflow_peak": 0.0,
         "anchor": 0.0,
         "grown_at": headroom.NEVER,
         "amax": 0.0,
@@ -171,7 +171,7 @@ def test_paddles_and_pytorchs_dicts_load_into_the_policys_defaults():
 
 
 # A valid memory: each case below spoils one thing of it.
-MEMORY = {"peak": 0.5, "overflow_amax": 0.0, "anchor": 1.0, "grown_at": 0, "amax": 1.0}
+MEMORY = {"peak": 0.5, "overflow_peak": 0.0, "anchor": 1.0, "grown_at": 0, "amax": 1.0}
 
 
 @pytest.mark.parametrize(
@@ -183,11 +183,11 @@ MEMORY = {"peak": 0.5, "overflow_amax": 0.0, "anchor": 1.0, "grown_at": 0, "amax
         # The memory of the policy's first, unreleased version, which learned a margin.
         (
             {"headroom": {"margin": 1, "margin_at": 3, "anchor": 1.0, "grown_at": 3, "amax": 1.0}},
-            "the keys \\['amax', 'anchor', 'grown_at', 'overflow_amax', 'peak'\\]",
+            "the keys \\['amax', 'anchor', 'grown_at', 'overflow_peak', 'peak'\\]",
         ),
         ({"headroom": {**MEMORY, "peak": -1.0}}, "peak"),
         ({"headroom": {**MEMORY, "anchor": -1.0}}, "anchor"),
-        ({"headroom": {**MEMORY, "overflow_amax": math.nan}}, "overflow_amax"),
+        ({"headroom": {**MEMORY, "overflow_peak": math.nan}}, "overflow_peak"),
         ({"headroom": {**MEMORY, "grown_at": 2.5}}, "grown_at"),
     ],
 )

@@ -245,6 +245,18 @@ def test_the_peak_forgets_a_bit_per_half_life():
     assert memory.scale == 2.0**14  # where the shrunk gradients fit: 30000 / 16 * 16 <= 32752
 
 
+def test_a_peak_far_above_the_gradients_is_stale():
+    rule = HeadroomRule()
+    memory, _ = rule.adjust(HeadroomMemory(np.float32(2.0**10)), False, 30000.0, 64)
+    # The gradients shrink 1024-fold: the peak comes down to 2**STALE_BITS times the
+    # new amax at once, rather than forgetting one bit per half-life.
+    memory, _ = rule.adjust(memory, False, 30000.0 / 1024, 128)
+    latest = np.float32(30000.0 / 1024) / np.float32(2.0**10)
+    assert memory.peak == latest * np.float32(2**headroom.STALE_BITS)
+    assert memory.scale == fitted(float(memory.peak), FLOAT16_MAX / 2**headroom.MARGIN)
+    assert memory.scale == 2.0**17
+
+
 def test_an_overflow_soon_after_a_growth_holds_the_scale_a_growth_below_it():
     rule = HeadroomRule(incr_every_n_steps=1000)
     memory, _ = rule.adjust(HeadroomMemory(np.float32(2.0**10)), False, 1.0, 64)
@@ -253,7 +265,7 @@ def test_an_overflow_soon_after_a_growth_holds_the_scale_a_growth_below_it():
     memory, _ = rule.adjust(memory, True, None, 100)  # within 1000 // 4 of the growth
     assert memory.scale == top / 2
     memory, _ = rule.adjust(memory, False, 0.5, 128)  # room to grow, but it overflowed
-    assert memory.overflow_amax == FLOAT16_MAX / top and memory.scale == top / 2
+    assert memory.overflow_peak == FLOAT16_MAX * 2 / 2 / top and memory.scale == top / 2
     # What the overflow proved falls a growth per 1000 iterations; the gradients keep room.
     for iteration in range(192, 1300, 64):
         memory, _ = rule.adjust(memory, False, float(memory.scale) / 2**15, iteration)
@@ -269,7 +281,7 @@ def test_a_spike_long_after_the_last_growth_is_climbed_back_at_once():
     memory, _ = rule.adjust(memory, True, None, 180)  # long after the growth at 64
     assert memory.scale == top / 2
     memory, _ = rule.adjust(memory, False, 10000.0, 192)  # the same gradients, at half scale
-    assert memory.scale == top and memory.overflow_amax == 0
+    assert memory.scale == top and memory.overflow_peak == 0
 
 
 def test_gradients_that_are_not_float16_hold_the_scale():

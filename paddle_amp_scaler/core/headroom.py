@@ -30,6 +30,9 @@ from .limits import FLOAT16_MAX, FLOAT32_MAX, INT32_MAX
 MARGIN, CALIBRATION_MARGIN = 1, 2
 # The peak halves in this many iterations: it forgets one bit per half-life.
 PEAK_HALF_LIFE = 512
+# Bits the peak may stand above the latest amax: a peak further above is stale, the
+# gradients having shrunk faster than it forgets.
+STALE_BITS = 3
 # The most growth steps one fit moves the scale, either way.
 MAX_FIT_STEPS = 24
 # The first iterations are all measured, and an overflow in them backs off this many
@@ -47,10 +50,9 @@ class HeadroomMemory(Memory):
     Args:
         peak: the largest true (unscaled) amax measured lately, forgetting a bit every
             ``PEAK_HALF_LIFE`` iterations (0: none yet).
-        overflow_amax: the true amax an overflow proved, ``FLOAT16_MAX`` over the scale
-            that overflowed soon after the scale reached it: the scale stays a growth
-            below that one. It falls a growth every ``incr_every_n_steps`` iterations
-            (0: none).
+        overflow_peak: the peak an overflow implies: one whose fit keeps the scale a
+            growth below a scale that overflowed soon after the scale reached it. It
+            falls a growth every ``incr_every_n_steps`` iterations (0: none).
         anchor: the scale after the last measured iteration (0: none yet).
         grown_at: the iteration of the last growth (``NEVER``: none).
         amax: the amax of the last finite measured iteration (0: none yet).
@@ -59,10 +61,10 @@ class HeadroomMemory(Memory):
     only ever back off.
     """
 
-    FLOATS: ClassVar[tuple[str, ...]] = ("scale", "peak", "overflow_amax", "anchor", "amax")
+    FLOATS: ClassVar[tuple[str, ...]] = ("scale", "peak", "overflow_peak", "anchor", "amax")
 
     peak: Any = 0.0
-    overflow_amax: Any = 0.0
+    overflow_peak: Any = 0.0
     anchor: Any = 0.0
     grown_at: Any = NEVER
     amax: Any = 0.0
@@ -77,19 +79,21 @@ class HeadroomRule(IntervalRule):
         back off as the interval rule does; never grow by the counters
         if measured:
             calibrate: an overflow in the first iterations backs off eight steps at once
-            overflow:  overflow_amax falls a growth per incr_every_n_steps iterations; an
-                       overflow within a quarter of that after a growth raises it to
-                       65504 / the scale that overflowed
-            peak:      halves every 512 iterations; the larger of it and the true amax
+            overflow:  overflow_peak falls a growth per incr_every_n_steps iterations; an
+                       overflow within a quarter of that after a growth raises it to the
+                       peak whose fit is a growth below the scale that overflowed
+            peak:      halves every 512 iterations; the larger of it and the true amax,
+                       but at most 8 times that amax (a peak further above is stale)
             fit:       the scale becomes the one, in whole growth steps, that keeps
-                       peak * scale at most 65504 / 2**margin (margin 1; 2 in the first
-                       iterations) and overflow_amax * scale * incr_ratio at most 65504
+                       max(peak, overflow_peak) * scale at most 65504 / 2**margin
+                       (margin 1; 2 in the first iterations)
 
     Why: gradients shrink as a loss falls, and a run can be short; a blind rule leaves the
     scale far below what they allow for a thousand iterations at a time, and float16
     flushes what falls below its floor. One measured amax is a single draw: the peak over
     several is what the iterations between measurements reach. A fit downward meets
-    gradients that grow before they overflow. An overflow soon after a growth says that
+    gradients that grow before they overflow; a peak far above the latest amax is stale,
+    the gradients having shrunk. An overflow soon after a growth says that
     level is too high, for a long while; one long after it is a spike, and the scale
     climbs back at the next measurement. A measured amax above 65504 that is finite is
     not of float16 gradients (float32 ones where ``amp_guard`` is off, or gradients summed
@@ -152,21 +156,22 @@ class HeadroomRule(IntervalRule):
     def _remember_overflow(
         self, memory: HeadroomMemory, constants: _Constants, iteration: int
     ) -> HeadroomMemory:
-        overflow_amax = memory.overflow_amax * constants.overflow_fall
+        overflow_peak = memory.overflow_peak * constants.overflow_fall
         too_high = (
             memory.scale < memory.anchor
             and memory.grown_at >= iteration - self.incr_every_n_steps // 4
         )
         if too_high:
-            overflow_amax = max(overflow_amax, constants.float16_max / memory.anchor)
-        return dataclasses.replace(memory, overflow_amax=overflow_amax)
+            overflow_peak = max(overflow_peak, constants.overflow_limit / memory.anchor)
+        return dataclasses.replace(memory, overflow_peak=overflow_peak)
 
     def _remember_peak(
         self, memory: HeadroomMemory, usable: bool, amax: np.float32, constants: _Constants
     ) -> HeadroomMemory:
         peak = memory.peak * constants.peak_fall
         if usable:
-            peak = max(peak, amax / memory.scale)
+            latest = amax / memory.scale
+            peak = min(max(peak, latest), latest * constants.stale)
         return dataclasses.replace(memory, peak=peak)
 
     def _fit(
@@ -174,9 +179,7 @@ class HeadroomRule(IntervalRule):
     ) -> tuple[HeadroomMemory, bool]:
         if not usable:
             return memory, False
-        # The overflow's bound as a peak: overflow_amax * scale * incr_ratio <= 65504 is
-        # overflow_amax * incr_ratio / 2**margin * scale <= limit.
-        peak = max(memory.peak, memory.overflow_amax * constants.overflow_to_peak)
+        peak = max(memory.peak, memory.overflow_peak)
         with np.errstate(over="ignore"):
             room = constants.limit / (peak * memory.scale)
         # The factors that fit, counted from the lowest: its index names the largest.
@@ -241,31 +244,32 @@ class HeadroomRule(IntervalRule):
     def _remember_overflow_(
         self, memory: HeadroomMemory, constants: _Constants, now: Tensor, known: _OnDevice
     ) -> None:
-        overflow_amax = memory.overflow_amax * float(constants.overflow_fall)
+        overflow_peak = memory.overflow_peak * float(constants.overflow_fall)
         too_high = paddle.logical_and(
             memory.scale < memory.anchor,
             memory.grown_at >= now - self.incr_every_n_steps // 4,
         )
-        proven = C_ops.maximum(overflow_amax, known.float16_max / memory.anchor)
-        overflow_amax = C_ops.where(too_high, proven, overflow_amax)
-        paddle.assign(overflow_amax, output=memory.overflow_amax)
+        raised = C_ops.maximum(overflow_peak, known.overflow_limit / memory.anchor)
+        overflow_peak = C_ops.where(too_high, raised, overflow_peak)
+        paddle.assign(overflow_peak, output=memory.overflow_peak)
 
     def _remember_peak_(
         self, memory: HeadroomMemory, usable: Tensor, amax: Tensor, constants: _Constants
     ) -> None:
         peak = memory.peak * float(constants.peak_fall)
-        peak = C_ops.where(usable, C_ops.maximum(peak, amax / memory.scale), peak)
-        paddle.assign(peak, output=memory.peak)
+        latest = amax / memory.scale
+        fresh = C_ops.minimum(C_ops.maximum(peak, latest), latest * float(constants.stale))
+        paddle.assign(C_ops.where(usable, fresh, peak), output=memory.peak)
 
     def _fit_(
         self, memory: HeadroomMemory, usable: Tensor, known: _OnDevice, now: Tensor
     ) -> Tensor:
         scale = memory.scale
-        peak = C_ops.maximum(memory.peak, memory.overflow_amax * float(known.overflow_to_peak))
+        peak = C_ops.maximum(memory.peak, memory.overflow_peak)
         room = known.limit / (peak * scale)
         steps = (known.factors_above_lowest <= room).sum()
         factor = paddle.gather(known.factors, steps)
-        fitted = C_ops.minimum(C_ops.maximum(scale * factor, known.min_scale), known.cap)
+        fitted = C_ops.clip(scale * factor, *known.bounds)
         fitted = C_ops.where(usable, fitted, scale)
         grew = fitted > scale
         paddle.assign(fitted, output=scale)
@@ -279,7 +283,7 @@ class HeadroomRule(IntervalRule):
         # Where each field of the memory may lie; those in FLOATS are numbers, the rest ints.
         bounds: dict[str, tuple[Any, Any]] = {
             "peak": (0, FLOAT32_MAX),
-            "overflow_amax": (0, FLOAT32_MAX),
+            "overflow_peak": (0, FLOAT32_MAX),
             "anchor": (0, FLOAT32_MAX),
             "grown_at": (NEVER, INT32_MAX),
             "amax": (0, FLOAT32_MAX),
@@ -315,9 +319,11 @@ class _Constants:
 
     limit: np.float32  # FLOAT16_MAX / 2**margin
     peak_fall: np.float32  # the peak's forgetting since the last measurement
-    overflow_fall: np.float32  # overflow_amax's fall since the last measurement
-    overflow_to_peak: np.float32  # incr_ratio / 2**margin
-    float16_max: np.float32
+    stale: np.float32  # 2**STALE_BITS
+    overflow_fall: np.float32  # overflow_peak's fall since the last measurement
+    # FLOAT16_MAX * incr_ratio / 2**MARGIN: over a scale that overflowed, the peak whose
+    # fit keeps the scale a growth below it.
+    overflow_limit: np.float32
     min_scale: np.float32
     cap: np.float32
     calibration_stride: np.float32
@@ -339,9 +345,9 @@ def _constants(rule: HeadroomRule, since: int, calibrating: bool) -> _Constants:
     return _Constants(
         limit=np.float32(FLOAT16_MAX / 2**margin),
         peak_fall=np.float32(2.0 ** (-since / PEAK_HALF_LIFE)),
+        stale=np.float32(2.0**STALE_BITS),
         overflow_fall=np.float32(rule.incr_ratio ** (-since / rule.incr_every_n_steps)),
-        overflow_to_peak=np.float32(rule.incr_ratio / 2**margin),
-        float16_max=np.float32(FLOAT16_MAX),
+        overflow_limit=np.float32(FLOAT16_MAX * rule.incr_ratio / 2**MARGIN),
         min_scale=np.float32(rule.min_scale),
         cap=np.float32(rule._cap),
         calibration_stride=calibration_stride(rule.decr_ratio),
@@ -358,10 +364,9 @@ class _OnDevice:
             return paddle.to_tensor(values, dtype=dtype, place=place)
 
         self.limit = tensor([constants.limit])
-        self.overflow_to_peak = constants.overflow_to_peak
-        self.float16_max = tensor([constants.float16_max])
+        self.overflow_limit = tensor([constants.overflow_limit])
         self.min_scale = tensor([constants.min_scale])
-        self.cap = tensor([constants.cap])
+        self.bounds = (float(constants.min_scale), float(constants.cap))
         self.factors = tensor(constants.factors)
         self.factors_above_lowest = tensor(constants.factors[1:])
         self.calibration_stride = float(constants.calibration_stride)
