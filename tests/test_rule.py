@@ -233,8 +233,9 @@ def test_the_peak_forgets_a_bit_per_half_life():
     rule = HeadroomRule()
     memory, _ = rule.adjust(HeadroomMemory(np.float32(2.0**10)), False, 30000.0, 64)
     assert memory.scale == 2.0**10
-    # The gradients shrink 16-fold at once; measured every 64 iterations, the scale
-    # climbs one growth per half-life, not all the way at the next measurement.
+    # The gradients shrink 16-fold at once: the peak, stale, comes down to 2**STALE_BITS
+    # times them, and then forgets a bit per half-life; measured every 64 iterations,
+    # the scale climbs one growth per half-life, not all the way at the next measurement.
     grown_at = {}
     for iteration in range(128, 64 * 40, 64):
         amax = 30000.0 / 16 * float(memory.scale) / 2.0**10
