@@ -552,10 +552,11 @@ def test_each_argument_is_checked_and_named(tmp_path):
     run.save(path, step=1)
     objects = dict(model=run.model, optimizer=run.optimizer, scaler=run.scaler)
     for wrong, error, message in [
-        (dict(model=None), TypeError, "model must be a paddle.nn.Layer .*got NoneType"),
+        # Saving says a checkpoint needs a model; loading, what a model is.
+        (dict(model=None), TypeError, "needs model: a checkpoint|model must be .*got NoneType"),
         (dict(model=[]), ValueError, "model must be a paddle.nn.Layer or a non-empty list"),
         (dict(model=[run.model, "x"]), TypeError, "model must be .*got str"),
-        (dict(optimizer=None), TypeError, "optimizer must be an optimizer .*got NoneType"),
+        (dict(optimizer=None), TypeError, "needs optimizer: a|optimizer must be .*NoneType"),
         # A model where the optimizer goes: it has a state_dict, but no parameter list.
         (dict(optimizer=run.model), TypeError, "optimizer must be a paddle.optimizer"),
         (dict(scaler=None), TypeError, "scaler must be a scaler such as GradScaler .*NoneType"),
@@ -761,3 +762,21 @@ def test_a_checkpoint_in_release_0_2_0s_format_loads_as_it_was_saved(tmp_path):
     moment = held[f"{model.weight.name}_moment1_0"]
     np.testing.assert_array_equal(moment.numpy(), np.full((4, 2), 0.25))
     assert read_checkpoint(path).extra == {"epoch": 1}
+
+
+def test_a_scaler_alone_is_refused_with_how_to_save_one(tmp_path):
+    scaler = GradScaler()
+    path = tmp_path / "scaler.ckpt"
+    alone = r"needs model and optimizer: a checkpoint holds the whole training state"
+    with pytest.raises(TypeError, match=alone) as refused:
+        save_checkpoint(path, scaler=scaler, step=1)
+    assert "paddle.save(scaler.state_dict(), path)" in str(refused.value)
+    model = paddle.nn.Linear(2, 2)
+    with pytest.raises(TypeError, match=r"needs optimizer: "):
+        save_checkpoint(path, model=model, scaler=scaler, step=1)
+    assert not path.exists()
+    # What the message says works.
+    paddle.save(scaler.state_dict(), str(path))
+    restored = GradScaler(init_loss_scaling=2.0)
+    restored.load_state_dict(paddle.load(str(path)))
+    assert restored.get_loss_scaling() == scaler.get_loss_scaling()

@@ -340,3 +340,17 @@ def test_a_model_given_for_the_optimizer_is_a_type_error_saying_so(call, enable)
         getattr(scaler, method)(*arguments)
     with pytest.raises(TypeError, match=rf"^{method}\(\) takes an optimizer .* got str$"):
         getattr(scaler, method)("adam", *arguments[1:])
+
+
+@pytest.mark.parametrize("enable", [True, False])
+def test_minimize_with_its_arguments_swapped_says_the_optimizer_comes_first(enable):
+    model = make_model()
+    optimizer = paddle.optimizer.SGD(learning_rate=0.1, parameters=model.parameters())
+    scaler = GradScaler(enable=enable)
+    scaled = scaler.scale(loss_of(model, batches(steps=1)[0]))
+    swapped = r"got Tensor: the optimizer comes first and the scaled loss second, minimize\("
+    with pytest.raises(TypeError, match=swapped):
+        scaler.minimize(scaled, optimizer)
+    # The step, given a Tensor, says only what it got: it takes no loss.
+    with pytest.raises(TypeError, match=r"^step\(\) takes an optimizer .* got Tensor$"):
+        scaler.step(scaled)

@@ -68,8 +68,8 @@ class Checkpoint:
 def save_checkpoint(
     path: str | os.PathLike[str],
     *,
-    model: Any,
-    optimizer: Any,
+    model: Any = None,
+    optimizer: Any = None,
     scaler: Any,
     step: int,
     extra: Any = None,
@@ -82,14 +82,24 @@ def save_checkpoint(
 
     Args:
         path: the file to write; its folder must exist.
-        model: a model (``paddle.nn.Layer``), or a list of them.
-        optimizer: an optimizer (a ``LossScaleOptimizer`` too), or a list of them.
+        model: a model (``paddle.nn.Layer``), or a list of them; required.
+        optimizer: an optimizer (a ``LossScaleOptimizer`` too), or a list of them;
+            required.
         scaler: the scaler, whose ``state_dict()`` is saved.
         step: an int >= 0, what :func:`load_checkpoint` returns.
         extra: any picklable value (data loader position, NumPy RNG state...);
             :func:`read_checkpoint` gives it back, objects other than plain values and
             NumPy arrays only with ``trust_extra=True``.
     """
+    missing = [
+        name for name, given in (("model", model), ("optimizer", optimizer)) if given is None
+    ]
+    if missing:
+        raise TypeError(
+            f"save_checkpoint() needs {' and '.join(missing)}: a checkpoint holds the whole "
+            "training state (models, optimizers, scaler, step, RNG); a scaler alone is saved "
+            "with paddle.save(scaler.state_dict(), path)"
+        )
     path = _path(path)
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise ValueError(f"step must be an int >= 0, got {step!r}")

@@ -33,6 +33,11 @@ def check_optimizer(optimizer: Any, caller: str, method: str = "step") -> None:
     hint = ""
     if isinstance(optimizer, paddle.nn.Layer):
         hint = ": a model; pass the optimizer that updates its parameters"
+    elif isinstance(optimizer, Tensor) and caller == "minimize":
+        hint = (
+            ": the optimizer comes first and the scaled loss second, "
+            "minimize(optimizer, scaled_loss)"
+        )
     raise TypeError(
         f"{caller}() takes an optimizer (a paddle.optimizer.Optimizer, or an object with "
         f"its .{method}()), got {type(optimizer).__name__}{hint}"
