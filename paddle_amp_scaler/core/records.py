@@ -24,12 +24,10 @@ class OptimizerRecord:
         # What was unscaled and checked; None where a replaced _unscale did that.
         self.params: list[Any] | None = None
         self.grads: list[Tensor | None] | None = None
-
-    @property
-    def checked(self) -> bool:
-        """Whether any gradient was there to check: an optimizer stepped with none (no
-        backward() since its gradients were cleared) tells the update rule nothing."""
-        return self.grads is None or any(grad is not None for grad in self.grads)
+        # Whether any gradient was there to check: an optimizer stepped with none (no
+        # backward() since its gradients were cleared) tells the update rule nothing.
+        # Worked out once, where the gradients are recorded: a step asks twice.
+        self.checked = True
 
     def __getitem__(self, key: str) -> Any:
         if key != "state":
@@ -46,6 +44,7 @@ class OptimizerRecord:
     ) -> None:
         """Record what an unscale found in ``grads``, the gradients of ``params``."""
         self.verdict, self.params, self.grads = verdict, params, grads
+        self.checked = any(grad is not None for grad in grads)
         self.stage = OptimizerState.UNSCALED
 
     def refuse_unscale(self) -> None:
