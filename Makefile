@@ -6,7 +6,7 @@ VENV := .venv-paddle$(PADDLE)
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-long test-matrix lint docs docs-output docs-screenshot dist venv clean
+.PHONY: demo test test-long test-matrix lint docs docs-output docs-figures dist venv clean
 
 venv: $(STAMP)
 
@@ -62,10 +62,11 @@ docs: $(STAMP)
 docs-output: $(STAMP)
 	$(PY) tools/docs_outputs.py
 
-# The monitoring page's VisualDL figure: the demo's run served by VisualDL, photographed by
-# headless Chromium (apt-get install chromium).
-docs-screenshot: $(STAMP)
-	$(PY) tools/visualdl_screenshot.py docs/figures/visualdl.png
+# The pages' figures of the demo, from one run of it: its own figure, and VisualDL's page
+# for the run photographed by headless Chromium (apt-get install chromium). Run it whenever
+# the demo's summary changes: the suite compares the figures' with the README's.
+docs-figures: $(STAMP)
+	$(PY) tools/docs_figures.py
 
 # The long reliability runs (kill -9 loops, 100k-step soak, large random searches).
 test-long: $(STAMP)

@@ -16,6 +16,7 @@ run on a GPU.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
 import sys
@@ -239,6 +240,7 @@ def headroom_extra(case: PolicyCase, iterations: int = HEADROOM_ITERATIONS):
 
 
 def main() -> int:
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()
     paddle.set_device("cpu")
     print(f"Paddle {paddle.__version__}: operations / host reads per step")
     print(

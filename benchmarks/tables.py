@@ -78,9 +78,9 @@ def options_table(results: dict) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 1:
+    if len(argv) != 1 or argv[0] in ("-h", "--help"):
         print(__doc__.strip())
-        return 2
+        return 0 if argv in (["-h"], ["--help"]) else 2
     with open(argv[0]) as source:
         results = json.load(source)
     tables = [("overhead per step (ms) and the ratio to Paddle's", overhead_table)]

@@ -5,8 +5,9 @@ import argparse
 import paddle
 
 
-def parse_steps(description, default=20):
-    parser = argparse.ArgumentParser(description=description)
+def parse_steps(docstring, default=20):
+    """``--steps``, with the example's docstring's first paragraph as ``--help`` says it."""
+    parser = argparse.ArgumentParser(description=docstring.split("\n\n")[0])
     parser.add_argument(
         "--steps", type=int, default=default, help=f"training steps (default {default})"
     )

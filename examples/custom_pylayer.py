@@ -63,7 +63,7 @@ class Net(paddle.nn.Layer):
         return self.head(Softplus.apply(MatMul.apply(x, self.weight)))
 
 
-steps = parse_steps(__doc__.splitlines()[0])
+steps = parse_steps(__doc__)
 model = Net()
 if not gpu_available():
     emulate_fp16_grads(model)

@@ -34,7 +34,7 @@ from _common import mlp, toy_batches
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=40, help="training steps (default 40)")
     parser.add_argument("--ckpt-dir", help="folder for the checkpoint (default: a temporary one)")
     args = parser.parse_args()
@@ -43,7 +43,8 @@ def main():
     dist.init_parallel_env()
     rank, ranks = dist.get_rank(), dist.get_world_size()
 
-    model = mlp()  # the same seed on every rank: the same initial weights
+    paddle.seed(0)  # the same seed on every rank: the same initial weights, the same run
+    model = mlp()
     emulate_fp16_grads(model)
     model = paddle.DataParallel(model)
     optimizer = paddle.optimizer.AdamW(learning_rate=1e-3, parameters=model.parameters())

@@ -17,7 +17,7 @@ from paddle_amp_scaler import GradScaler, auto_cast
 from _common import mlp, parse_steps, toy_batches
 
 ACCUMULATE = 4
-steps = parse_steps(__doc__.splitlines()[0])
+steps = parse_steps(__doc__)
 model = mlp()
 optimizer = paddle.optimizer.Momentum(learning_rate=0.01, parameters=model.parameters())
 scaler = GradScaler()

@@ -17,7 +17,7 @@ from paddle_amp_scaler import GradScaler, auto_cast
 
 from _common import parse_steps, toy_batches
 
-steps = parse_steps(__doc__.splitlines()[0])
+steps = parse_steps(__doc__)
 model = paddle.nn.Sequential(paddle.nn.Linear(16, 64), paddle.nn.Tanh(), paddle.nn.Linear(64, 1))
 optimizer = paddle.optimizer.Adam(learning_rate=1e-3, parameters=model.parameters())
 scaler = GradScaler(init_loss_scaling=2.0**10)

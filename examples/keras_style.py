@@ -33,7 +33,7 @@ def custom_step(optimizer, loss, params):
     optimizer.apply_gradients(zip(grads, params))  # (grad, param) pairs, TF's order
 
 
-steps = parse_steps(__doc__.splitlines()[0])
+steps = parse_steps(__doc__)
 results = []
 for train_step in (minimize_step, custom_step):
     model = mlp()

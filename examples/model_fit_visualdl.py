@@ -51,7 +51,7 @@ class Blobs(paddle.io.Dataset):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--logdir", default="vdl_fit", help="VisualDL log folder")
     parser.add_argument("--epochs", type=int, default=2, help="passes (default: %(default)s)")
     args = parser.parse_args()

@@ -23,7 +23,7 @@ from _common import mlp, parse_steps, toy_batches
 # Paddle puts a handler of its own on the root logger when it is imported: basicConfig
 # changes the format only with force=True, which replaces it.
 logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s", force=True)
-steps = parse_steps(__doc__.splitlines()[0])
+steps = parse_steps(__doc__)
 paddle.seed(0)  # the same weights every run: docs/monitoring.md shows this run's output
 model = mlp()
 emulate_fp16_grads(model)

@@ -19,7 +19,7 @@ from paddle_amp_scaler import GradScaler, auto_cast, decorate
 
 from _common import gpu_available, mlp, parse_steps, toy_batches
 
-steps = parse_steps(__doc__.splitlines()[0])
+steps = parse_steps(__doc__)
 model = mlp()
 optimizer = paddle.optimizer.AdamW(learning_rate=1e-3, parameters=model.parameters())
 model, optimizer = decorate(

@@ -68,7 +68,7 @@ class Samples(paddle.io.Dataset):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=40, help="training steps (default 40)")
     steps = parser.parse_args().steps
     if steps < 1:

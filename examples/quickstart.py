@@ -17,7 +17,7 @@ from paddle_amp_scaler.testing import emulate_fp16_grads
 
 from _common import gpu_available, mlp, parse_steps, toy_batches
 
-steps = parse_steps(__doc__.splitlines()[0], default=300)
+steps = parse_steps(__doc__, default=300)
 model = mlp()
 if not gpu_available():
     emulate_fp16_grads(model)

@@ -11,7 +11,7 @@ gradients flush to zero, which the run counts. Writes a figure of both runs (los
 loss scale, skipped steps, gradients lost to underflow), a VisualDL log of each, and
 checkpoints that ``--resume`` continues from exactly.
 
-    python examples/train_digits.py                       # about 20 s on 2 CPU cores
+    python examples/train_digits.py                       # what `make demo` runs
     python examples/train_digits.py --ckpt-dir ckpt --stop-after 200
     python examples/train_digits.py --ckpt-dir ckpt --resume
 """
@@ -78,8 +78,8 @@ def parse_args(argv=None):
         type=int,
         default=1000,
         help="finite steps between scale increases under interval; under headroom, how "
-        "long its margin stands before it tries a bit closer to float16's ceiling "
-        "(default: %(default)s, AmpScaler's)",
+        "long a scale that overflowed soon after it was reached is held off (default: "
+        "%(default)s, AmpScaler's)",
     )
     parser.add_argument(
         "--policies",

@@ -16,7 +16,7 @@ from paddle_amp_scaler import GradScaler, auto_cast
 
 from _common import mlp, parse_steps, toy_batches
 
-steps = parse_steps(__doc__.splitlines()[0])
+steps = parse_steps(__doc__)
 encoder, head = mlp(outputs=8), mlp(features=8)
 opt_encoder = paddle.optimizer.Adam(learning_rate=1e-3, parameters=encoder.parameters())
 opt_head = paddle.optimizer.SGD(learning_rate=1e-2, parameters=head.parameters())

@@ -211,13 +211,17 @@ def test_check_consistency_names_the_rank_that_differs(independent):
         assert "rank 0:" not in message.split("differs between ranks;")[1].split("(")[0]
 
 
-def test_the_data_parallel_example_runs_on_two_ranks(tmp_path):
+def test_the_data_parallel_example_prints_on_two_ranks_what_its_page_shows(tmp_path):
+    with open(os.path.join(REPO, "docs", "distributed.md"), encoding="utf-8") as page:
+        shown = re.search(r"```text\n(2 ranks agree: .*?)```", page.read(), re.S)[1]
+    *results, resumed = shown.strip().splitlines()
     example = os.path.join(REPO, "examples", "distributed_data_parallel.py")
-    _, logs = run_on_ranks(example, ["--steps", "30", "--ckpt-dir", str(tmp_path)], tmp_path)
-    (line,) = [line for line in logs[0].splitlines() if line.startswith("2 ranks agree:")]
-    assert "skipped=" in line and "skipped=0," not in line, line
+    _, logs = run_on_ranks(example, ["--steps", "40", "--ckpt-dir", str(tmp_path)], tmp_path)
+    printed = [line for line in logs[0].splitlines() if line.startswith(("2 ranks", "last loss"))]
+    assert printed == results, logs[0][-2000:]
+    assert resumed.startswith("every rank resumed from step 40 of "), resumed
+    assert f"every rank resumed from step 40 of {tmp_path}" in logs[0], logs[0][-2000:]
     assert "2 ranks agree" not in logs[1]
-    assert f"every rank resumed from step 30 of {tmp_path}" in logs[0], logs[0][-2000:]
 
 
 def test_the_two_rank_benchmark_reports_the_reduction(tmp_path):

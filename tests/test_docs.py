@@ -1,6 +1,7 @@
 """The documentation tells the truth: its worked trace of the update rule is what the
 scaler does, its code runs as pasted, and the outputs it shows are what the code prints."""
 
+import importlib.util
 import math
 import os
 import re
@@ -96,6 +97,36 @@ def test_the_outputs_the_pages_show_are_what_the_code_prints():
         timeout=600,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+
+def tool(name):
+    """A script of tools/, imported."""
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "tools", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("figure", ["demo.png", "visualdl.png"])
+def test_a_figure_of_the_demo_shows_the_run_the_readme_quotes(figure):
+    pytest.importorskip("PIL")
+    figures, outputs = tool("docs_figures"), tool("docs_outputs")
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as page:
+        blocks = [
+            match["body"]
+            for match in outputs.MARKED.finditer(page.read())
+            if match["command"] == "python examples/train_digits.py"
+        ]
+    assert len(blocks) == 1, "the README quotes the demo's output once, in a marked block"
+    quoted = figures.summary(blocks[0])
+    assert quoted.count("\n") == 1, quoted  # a line per policy
+    with figures.Image.open(os.path.join(figures.FIGURES, figure)) as image:
+        shown = image.text.get(figures.SUMMARY_FIELD)
+    assert shown == quoted, (
+        f"docs/figures/{figure} shows another run of the demo than the README's: run "
+        "`make docs-figures`, then read the words beside the figures again (docs/index.md, "
+        "docs/monitoring.md)"
+    )
 
 
 LINK = re.compile(r"\]\(([^)\s]+)\)")

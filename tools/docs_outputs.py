@@ -15,16 +15,18 @@ then any of these options after the version:
     ...
     ```
 
-`make docs-output` reruns every command, from the repository's root, and writes its
-output (stdout and stderr, as a terminal shows them) into the block. With `--check` it
-writes nothing and fails where a block differs from a fresh run on the same Paddle
-(timings aside); a block recorded on another Paddle, or whose command cannot run here (an
-optional library missing), is reported and left alone.
+`make docs-output` reruns every command in a fresh folder (a script named by its path in
+the repository, so that what it writes stays out of the checkout) and writes its output
+(stdout and stderr, as a terminal shows them) into the block. With `--check` it writes
+nothing and fails where a block differs from a fresh run on the same Paddle (durations
+aside); a block recorded on another Paddle, or whose command cannot run here (an optional
+library missing), is reported and left alone.
 """
 
 from __future__ import annotations
 
 import difflib
+import functools
 import glob
 import os
 import re
@@ -48,15 +50,20 @@ def pages() -> list[str]:
     return [os.path.join(ROOT, "README.md")] + sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))
 
 
+# A page may quote one command twice (the demo's summary, on the README and the landing
+# page): it runs once.
+@functools.cache
 def run(
     command: str, stdout_only: bool, setup: str | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """``command``'s output, from the root, or after ``setup`` (Python code) in a fresh
-    folder."""
+    """``command``'s output in a fresh folder, after ``setup`` (Python code) if given."""
     arguments = [sys.executable, *command.split()[1:]]
+    script = os.path.join(ROOT, arguments[1])
+    if os.path.isfile(script):
+        arguments[1] = script
     environment = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
-    # This checkout's package, wherever the command runs: from the root, `python -m` finds
-    # it, but a script or a fresh folder would find whatever copy is installed.
+    # This checkout's package, wherever the command runs: a script or a fresh folder would
+    # otherwise find whatever copy is installed.
     environment["PYTHONPATH"] = ROOT
 
     def execute(arguments: list[str], cwd: str) -> subprocess.CompletedProcess[str]:
@@ -70,11 +77,12 @@ def run(
             timeout=600,
         )
 
-    if setup is None:
-        return execute(arguments, ROOT)
     with tempfile.TemporaryDirectory() as folder:
-        prepared = execute([sys.executable, "-c", setup], folder)
-        return prepared if prepared.returncode != 0 else execute(arguments, folder)
+        if setup is not None:
+            prepared = execute([sys.executable, "-c", setup], folder)
+            if prepared.returncode != 0:
+                return prepared
+        return execute(arguments, folder)
 
 
 def labels(output: str) -> list[str]:
@@ -84,12 +92,13 @@ def labels(output: str) -> list[str]:
     return [re.match(r"(.*?) {2,}|\S*", line.strip())[0].rstrip() for line in output.splitlines()]
 
 
-# Timings (paddle.Model's progress bar prints "3ms/step") differ from run to run.
-TIMING = re.compile(r"\b\d+(?:\.\d+)?(?:ms|us|s)/step\b")
+# Durations (paddle.Model's progress bar prints "3ms/step", the demo "8.6s on CPU") differ
+# from run to run.
+DURATION = re.compile(r"\b\d+(?:\.\d+)?(?:ms|us|s)\b")
 
 
 def untimed(output: str) -> str:
-    return TIMING.sub("<time>/step", output)
+    return DURATION.sub("<duration>", output)
 
 
 def difference(shown: str, output: str) -> str:
@@ -140,6 +149,8 @@ def refresh(page: str, check: bool) -> list[str]:
             return match[0]
         output = "\n".join(line.rstrip() for line in result.stdout.strip().splitlines())
         shown = match["body"].strip()
+        if untimed(output) == untimed(shown):
+            output = shown  # a page is not rewritten for its durations alone
         if VARIES in options:
             differs = labels(output) != labels(shown)
         else:

@@ -52,8 +52,9 @@ class FoundInfSync:
         self.enabled = validation.check_bool(enabled, "sync_found_inf")
 
     def active(self) -> bool:
-        """Whether a flag is reduced now: checked at each call (about a microsecond), so
-        that a scaler built before ``init_parallel_env`` reduces once it has run."""
+        """Whether a flag is reduced now: checked at each call (a fraction of a
+        microsecond), so that a scaler built before ``init_parallel_env`` reduces once it
+        has run."""
         return self.enabled and spans_ranks(self.group)
 
     def agree(self, verdict: Verdict) -> Verdict:

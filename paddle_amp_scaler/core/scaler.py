@@ -67,12 +67,13 @@ class AmpScaler(TensorsOnHost):
 
     Once per iteration the scale moves by its rule: ``IntervalRule`` by default (back off
     after ``decr_every_n_nan_or_inf`` iterations with inf/nan, grow after
-    ``incr_every_n_steps`` finite ones), or ``HeadroomRule`` (grow as soon as the
-    gradients leave room below float16's ceiling), and a step whose gradients hold
-    inf/nan leaves parameters and optimizer state untouched. The scale and the verdict
-    stay on the device, the counters too unless the optimizer leaves the verdict on the
-    host: ``scale``, ``unscale_``, ``minimize``, ``step`` and ``update`` never wait for
-    the device; the getters, ``stats`` and ``state_dict`` read it.
+    ``incr_every_n_steps`` finite ones), or ``HeadroomRule`` (fit the scale, either way,
+    to the peak of the gradients it measures, a bit below float16's ceiling), and a step
+    whose gradients hold inf/nan leaves parameters and optimizer state untouched. The
+    scale and the verdict stay on the device, the counters too unless the optimizer
+    leaves the verdict on the host: ``scale``, ``unscale_``, ``minimize``, ``step`` and
+    ``update`` never wait for the device; the getters, ``stats`` and ``state_dict`` read
+    it.
 
     Args:
         enable: False makes every method a pass-through (``scale`` returns the loss).

@@ -106,7 +106,7 @@ class RunStatistics(TensorsOnHost):
     An iteration counts from two facts: its verdict, and whether the update rule acted
     (a fixed scale never does), each a host bool where the scaler knew it at no cost or a
     bool [1] tensor. Iterations are kept as they come, and every 128 iterations, or before
-    a read, ``count_pending`` adds them up in a dozen operations.
+    a read, ``count_pending`` adds them up in a few dozen operations.
     """
 
     def __init__(self, place: Any) -> None:
