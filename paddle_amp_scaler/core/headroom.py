@@ -238,7 +238,9 @@ class HeadroomRule(IntervalRule):
 
     def _calibrate_(self, memory: HeadroomMemory, backed_off: Tensor, known: _OnDevice) -> None:
         scale = memory.scale
-        lowered = C_ops.maximum(scale * known.calibration_stride, known.min_scale)
+        # Lowered, the scale stays under the ceiling: clipping to both (scalar) bounds
+        # applies the floor, with no bound tensor to keep.
+        lowered = C_ops.clip(scale * known.calibration_stride, *known.bounds)
         paddle.assign(C_ops.where(backed_off, lowered, scale), output=scale)
 
     def _remember_overflow_(
@@ -365,7 +367,6 @@ class _OnDevice:
 
         self.limit = tensor([constants.limit])
         self.overflow_limit = tensor([constants.overflow_limit])
-        self.min_scale = tensor([constants.min_scale])
         self.bounds = (float(constants.min_scale), float(constants.cap))
         self.factors = tensor(constants.factors)
         self.factors_above_lowest = tensor(constants.factors[1:])
