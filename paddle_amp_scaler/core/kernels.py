@@ -97,12 +97,18 @@ def _largest_magnitude(groups: GradGroups) -> Tensor:
     """The largest magnitude in every gradient of ``groups``, float32 [1]: one operation
     per gradient, and two or three per dtype group."""
     largest: Tensor | None = None
-    for group in groups.values():
-        norms = paddle.stack([C_ops.p_norm(grad, np.inf, 0, 1e-12, False, True) for grad in group])
-        group_max = C_ops.max(norms, [], True)
-        if group_max.dtype != paddle.float32:
-            group_max = group_max.astype(paddle.float32)
-        largest = group_max if largest is None else C_ops.maximum(largest, group_max)
+    # Paddle hands out gradients that require gradients themselves: measured with
+    # autograd on, each amax would record a graph, and the rule's memory, which keeps it,
+    # would chain one more to it every measured iteration, for the whole run.
+    with paddle.no_grad():
+        for group in groups.values():
+            norms = paddle.stack(
+                [C_ops.p_norm(grad, np.inf, 0, 1e-12, False, True) for grad in group]
+            )
+            group_max = C_ops.max(norms, [], True)
+            if group_max.dtype != paddle.float32:
+                group_max = group_max.astype(paddle.float32)
+            largest = group_max if largest is None else C_ops.maximum(largest, group_max)
     return cast(Tensor, largest)
 
 
