@@ -6,11 +6,18 @@ rank that skips a step while another takes it corrupts the model. So the flag of
 unscale is reduced (MAX) over the group before any rank decides, with Paddle's own
 collective, on the device: every rank skips the same steps, and since the update rule
 and the statistics follow the flag, holds the same scale, counters and statistics.
+
+Under Paddle 3's semi-automatic parallelism the gradients are dist tensors and each rank
+checks its shards; the ranks that share them are those of the gradients' process
+meshes, and Paddle may not have set up a global group at all (``dist.all_reduce`` then
+refuses). There the flag is reduced as Paddle reduces a partial tensor: held as a
+partial MAX on the meshes' ranks and made replicated, which is one all-reduce.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 import paddle
@@ -57,26 +64,49 @@ class FoundInfSync:
         has run."""
         return self.enabled and spans_ranks(self.group)
 
-    def agree(self, verdict: Verdict) -> Verdict:
+    def agree(self, verdict: Verdict, mesh: Any = None) -> Verdict:
         """``verdict`` OR-ed over the group's ranks, and its amax (where measured) the
         largest over them, on the device, no read, in one collective; ``verdict`` itself
         when no reduction is due. A reduced verdict is known on the device only: another
         rank's gradients may have overflowed.
 
+        ``mesh``: the process mesh of the unscale's dist gradients (``mesh_of``), whose
+        ranks then agree, rather than ``group``'s.
+
         Every rank must call this for the same unscales in the same order, whatever its
         gradients: the scaler calls it once per unscale, gradients or none.
         """
-        if not self.active():
+        if not self.enabled or (mesh is None and not self.active()):
             return verdict
         if verdict.amax is None:
             # Collectives take no bool: as int32, MAX over ranks is OR.
-            flag = verdict.flag.astype(paddle.int32)
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
+            flag = _largest_over_ranks(verdict.flag.astype(paddle.int32), self.group, mesh)
             return Verdict(flag.astype(paddle.bool))
         # The flag rides beside the amax as 0.0 or 1.0: MAX of both in one reduction.
         both = paddle.concat([verdict.flag.astype(paddle.float32), verdict.amax])
-        dist.all_reduce(both, op=dist.ReduceOp.MAX, group=self.group)
+        both = _largest_over_ranks(both, self.group, mesh)
         return Verdict(both[:1] > 0, amax=both[1:])
+
+
+def _largest_over_ranks(values: Tensor, group: Group | None, mesh: Any) -> Tensor:
+    """``values``' elementwise largest over the ranks of ``mesh``, else of ``group``."""
+    if mesh is None:
+        dist.all_reduce(values, op=dist.ReduceOp.MAX, group=group)
+        return values
+    largest = [dist.Partial(dist.ReduceType.kRedMax)] * mesh.ndim
+    partial = paddle.base.core.dtensor_from_local(values, mesh, largest)
+    replicated = dist.reshard(partial, mesh, [dist.Replicate()] * mesh.ndim)
+    return replicated._local_value()
+
+
+def mesh_of(grads: Sequence[Tensor | None]) -> Any:
+    """The process mesh over every rank that holds a shard of ``grads``' dist tensors, or
+    None where none is one (Paddle 2.6, or no semi-automatic parallelism)."""
+    ranks: set[int] = set()
+    for grad in grads:
+        if grad is not None and grad.is_dist():
+            ranks.update(grad.process_mesh.process_ids)
+    return dist.ProcessMesh(sorted(ranks)) if ranks else None
 
 
 def spans_ranks(group: Group | None) -> bool:

@@ -19,6 +19,13 @@ Facts kept here:
   has nothing to check anyway.
 * ``C_ops.scale`` takes its factor as a tensor on the device and keeps a 0-d tensor
   0-d: one operation, where a multiply by a [1] scale needs a reshape first.
+* Under Paddle 3's semi-automatic parallelism gradients are dist tensors, and
+  ``check_finite_and_unscale_`` handed dist gradients turns the dense scale it was given
+  into a replicated dist tensor, in place (``dist.shard_scaler``'s unscale does so to the
+  scaler's ``_scale``). A dist tensor read as a Scalar (``C_ops.scale``'s factor) ends
+  the process, and a kernel that mixes dist and dense tensors raises. So every function
+  here works on what this rank holds (``local``): a dist tensor's local value shares its
+  storage, and a write to it is a write to the dist tensor.
 """
 
 from __future__ import annotations
@@ -71,8 +78,10 @@ def unscale_and_check_(
     them for inf/nan: one launch per dtype group, however many tensors. ``all_finite`` is
     the flag when there is nothing to check. With ``measure``, the verdict also carries
     the largest magnitude among the grads as they came (NaN is passed over, inf is not):
-    one operation more per gradient."""
+    one operation more per gradient. Of a sharded gradient, this rank's shard is checked
+    and measured: the ranks agree on the verdict afterwards."""
     groups = grads_by_dtype_of(grads)
+    scale = local(scale)
     # Measured first: the unscale below writes the gradients in place.
     amax = _largest_magnitude(groups) if measure and groups else None
     flags = [
@@ -85,6 +94,7 @@ def unscale_and_check_(
 def zero_if_found_(grads: Sequence[Tensor | None], found_inf: Tensor) -> None:
     """Set every gradient (None for a missing one) to zero when ``found_inf`` holds, decided
     on the device: one launch per dtype group."""
+    found_inf = local(found_inf)
     for dtype, group in grads_by_dtype_of(grads).items():
         # With stop_update=True the kernel only zeroes; it wants a scale of the group's
         # compute dtype and counters all the same.
@@ -114,12 +124,14 @@ def _largest_magnitude(groups: GradGroups) -> Tensor:
 
 def grads_by_dtype_of(grads: Iterable[Tensor | None]) -> GradGroups:
     """Gradients grouped by dtype, leaving out ``None`` and empty ones: Paddle's kernels
-    take one dtype per call."""
+    take one dtype per call. Of a dist gradient, the shard this rank holds."""
     groups: GradGroups = {}
     # Hashing a Paddle dtype costs half a microsecond; neighbours mostly share one,
     # and Paddle 3 returns the same dtype object for each.
     last_dtype, last_group = None, []
     for grad in grads:
+        if grad is not None and grad.is_dist():
+            grad = grad._local_value()
         if is_checked(grad):
             dtype = grad.dtype
             if dtype is not last_dtype:
@@ -144,14 +156,14 @@ def scaled(tensor: Tensor, scale: Tensor) -> Tensor:
     if tensor.dtype not in (paddle.float32, paddle.float64):
         tensor = tensor.astype(paddle.float32)
     # One operation that keeps the tensor's shape (a 0-d loss stays 0-d); it takes the
-    # factor from the device, in the tensor's precision.
-    return C_ops.scale(tensor, scale, 0.0, True)
+    # factor from the device, in the tensor's precision. A dist loss takes a dense factor.
+    return C_ops.scale(tensor, local(scale), 0.0, True)
 
 
 def unscaled(tensor: Tensor, scale: Tensor) -> Tensor:
     """A new tensor holding ``tensor * (1 / scale)`` in ``tensor``'s dtype, computed as the
     unscale kernel computes it (float16 and bfloat16 through float32)."""
-    inverse = paddle.reciprocal(_scale_for(tensor.dtype, scale)).reshape([])
+    inverse = paddle.reciprocal(_scale_for(tensor.dtype, local(scale))).reshape([])
     if tensor.dtype in (paddle.float16, paddle.bfloat16):
         return (tensor.astype(paddle.float32) * inverse).astype(tensor.dtype)
     return tensor * inverse
@@ -170,9 +182,9 @@ def largest_of(amaxes: Sequence[Tensor | None]) -> Tensor | None:
 
 def any_of(flags: Sequence[Tensor]) -> Tensor:
     """Logical OR of bool tensors of shape [1], computed on the device."""
-    combined = flags[0]
+    combined = local(flags[0])
     for flag in flags[1:]:
-        combined = C_ops.bitwise_or(combined, flag)
+        combined = C_ops.bitwise_or(combined, local(flag))
     return combined
 
 
@@ -190,15 +202,24 @@ def all_finite(tensors: Iterable[Tensor]) -> Tensor:
 
 def clip_(tensor: Tensor, lower: float, upper: float) -> None:
     """Clamp ``tensor`` into ``[lower, upper]`` in place."""
-    C_ops.clip_(tensor, lower, upper)
+    C_ops.clip_(local(tensor), lower, upper)
 
 
 def read_numbers(*tensors: Tensor) -> list[float]:
     """The values of ``tensors``, flattened and joined, in one read of the device: a sync,
     for getters, ``stats()`` and ``state_dict()`` only."""
-    together = paddle.concat([tensor.reshape([-1]).astype(paddle.float64) for tensor in tensors])
+    together = paddle.concat(
+        [local(tensor).reshape([-1]).astype(paddle.float64) for tensor in tensors]
+    )
     numbers: list[float] = together.numpy().tolist()
     return numbers
+
+
+def local(tensor: Tensor) -> Tensor:
+    """What this rank holds of ``tensor``: a dist tensor's local value, which shares its
+    storage (an in-place write to it is one to the dist tensor), else ``tensor`` itself.
+    A replicated dist tensor's local value is the whole of it."""
+    return tensor._local_value() if tensor.is_dist() else tensor
 
 
 _stand_ins: dict[tuple[str, str], Tensor] = {}

@@ -65,8 +65,8 @@ class LossScale(TensorsOnHost):
         if isinstance(found, bool):
             flag = paddle.full_like(self.memory.incr_count, found, dtype=paddle.bool)
         else:
-            flag = found
-        acted = self.rule.adjust_(self.memory, flag, amax, iteration)
+            flag = kernels.local(found)
+        acted = self.rule.adjust_(self._local_memory(), flag, amax, iteration)
         # The device form moved the counters as ``count`` did.
         self._counters = None if counted is None else counted[:2]
         if counted is not None and amax is None:
@@ -87,7 +87,8 @@ class LossScale(TensorsOnHost):
                 f"{name} must be a float or a one-element floating-point Tensor, got a "
                 f"{scale.dtype} Tensor of shape {list(scale.shape)}"
             )
-        paddle.assign(scale.detach().astype(paddle.float32).reshape([1]), output=self.scale)
+        scale = kernels.local(scale.detach())
+        paddle.assign(scale.astype(paddle.float32).reshape([1]), output=kernels.local(self.scale))
         kernels.clip_(self.scale, bounds[0], bounds[1] or FLOAT32_MAX)
         return scale
 
@@ -116,8 +117,9 @@ class LossScale(TensorsOnHost):
         if type(memory) is not type(self.memory):
             on_device = _on_device(memory, self.scale.place)
             self.memory = dataclasses.replace(on_device, scale=self.scale)
+        local_memory = self._local_memory()
         for name, number in memory.numbers().items():
-            getattr(self.memory, name).fill_(number)
+            getattr(local_memory, name).fill_(number)
         self._counters, self._counters_on_device = (memory.incr_count, memory.decr_count), True
 
     def set_counters(self, incr_count: int | None = None, decr_count: int | None = None) -> None:
@@ -128,6 +130,11 @@ class LossScale(TensorsOnHost):
             decr if decr_count is None else decr_count,
         )
         self._counters_on_device = False
+
+    def _local_memory(self) -> Memory:
+        """The memory as this rank holds it: Paddle may have made the scale a dist tensor
+        (``kernels``' facts), and the rule writes it through its local value."""
+        return dataclasses.replace(self.memory, scale=kernels.local(self.memory.scale))
 
     def _write_counters(self) -> None:
         if self._counters is None or self._counters_on_device:

@@ -72,7 +72,11 @@ class OverflowRecorder:
     ) -> Verdict:
         """``kernels.unscale_and_check_`` of ``grads``, the gradients of ``params``,
         queueing each one's inf and nan counts: five operations more per gradient."""
-        checked = [(param, grad) for param, grad in zip(params, grads) if kernels.is_checked(grad)]
+        # Of a sharded gradient, this rank's shard is counted.
+        local_grads = [None if grad is None else kernels.local(grad) for grad in grads]
+        checked = [
+            (param, grad) for param, grad in zip(params, local_grads) if kernels.is_checked(grad)
+        ]
         if checked:
             # Counted before the unscale writes the gradients in place.
             counts = [
@@ -90,7 +94,8 @@ class OverflowRecorder:
         rows = [tally for _, tally in pending]
         if isinstance(found_inf, Tensor):
             # The verdict (reduced over ranks) rides in the same read, as a row of its own.
-            rows.insert(0, paddle.expand(found_inf.astype(paddle.int64), [1, 2]))
+            flag = kernels.local(found_inf).astype(paddle.int64)
+            rows.insert(0, paddle.expand(flag, [1, 2]))
         read = paddle.concat(rows).numpy().tolist() if rows else []
         if isinstance(found_inf, Tensor):
             found_inf, read = bool(read[0][0]), read[1:]

@@ -407,7 +407,7 @@ class AmpScaler(TensorsOnHost):
     ) -> None:
         # Agreed over the ranks before any rank decides: all then skip, update and count
         # alike.
-        agreed = self._sync.agree(verdict)
+        agreed = self._sync.agree(verdict, distributed.mesh_of(grads))
         self._found_inf = agreed.flag
         record.unscaled(agreed, params, grads)
 

@@ -13,7 +13,7 @@ from typing import Any
 import paddle
 from paddle import Tensor
 
-from . import validation
+from . import kernels, validation
 from .pickling import TensorsOnHost
 
 # The device counts, in order. "since_skip" counts iterations since the last skipped one,
@@ -157,7 +157,7 @@ class RunStatistics(TensorsOnHost):
                 pieces.append(paddle.to_tensor(run, dtype=paddle.bool, place=self.counts.place))
                 run = []
             if flag is not None:
-                pieces.append(flag)
+                pieces.append(kernels.local(flag))
         column = pieces[0] if len(pieces) == 1 else paddle.concat(pieces)
         return column.astype(paddle.int64)
 
