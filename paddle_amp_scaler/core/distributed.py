@@ -80,16 +80,22 @@ class FoundInfSync:
             return verdict
         if verdict.amax is None:
             # Collectives take no bool: as int32, MAX over ranks is OR.
-            flag = _largest_over_ranks(verdict.flag.astype(paddle.int32), self.group, mesh)
+            flag = self.largest(verdict.flag.astype(paddle.int32), mesh)
             return Verdict(flag.astype(paddle.bool))
         # The flag rides beside the amax as 0.0 or 1.0: MAX of both in one reduction.
         both = paddle.concat([verdict.flag.astype(paddle.float32), verdict.amax])
-        both = _largest_over_ranks(both, self.group, mesh)
+        both = self.largest(both, mesh)
         return Verdict(both[:1] > 0, amax=both[1:])
+
+    def largest(self, values: Tensor, mesh: Any = None) -> Tensor:
+        """``values``' elementwise largest over the ranks of ``mesh`` (else of ``group``),
+        on the device; ``values`` themselves when no reduction is due."""
+        if not self.enabled or (mesh is None and not self.active()):
+            return values
+        return _largest_over_ranks(values, self.group, mesh)
 
 
 def _largest_over_ranks(values: Tensor, group: Group | None, mesh: Any) -> Tensor:
-    """``values``' elementwise largest over the ranks of ``mesh``, else of ``group``."""
     if mesh is None:
         dist.all_reduce(values, op=dist.ReduceOp.MAX, group=group)
         return values
@@ -122,7 +128,9 @@ def check_consistency(scaler: Any, group: Group | None) -> None:
 
     A collective: every rank of the group must call it. Reads the device.
     """
-    if not spans_ranks(group):
+    # Under semi-automatic parallelism the global group may not be set up: the launcher's
+    # world size counts the ranks all the same.
+    if dist.get_world_size(group) <= 1:
         return
     stats = scaler.stats()
     values = {
@@ -133,9 +141,7 @@ def check_consistency(scaler: Any, group: Group | None) -> None:
     }
     names = list(values)
     mine = paddle.to_tensor([float(values[name]) for name in names], dtype=paddle.float64)
-    gathered: list[Tensor] = []
-    dist.all_gather(gathered, mine, group=group)
-    rows = [row.numpy().tolist() for row in gathered]
+    rows = _rows_of_every_rank(mine, group)
     ranks = list(group.ranks) if group is not None else list(range(len(rows)))
     reference = rows[0]
     differences = [
@@ -156,3 +162,17 @@ def check_consistency(scaler: Any, group: Group | None) -> None:
             "optimizers; keep sync_found_inf=True unless every rank's gradients are "
             "identical"
         )
+
+
+def _rows_of_every_rank(mine: Tensor, group: Group | None) -> list[list[float]]:
+    """``mine``, a 1-D tensor, as every rank of ``group`` holds it, in rank order."""
+    if dist.is_initialized():
+        gathered: list[Tensor] = []
+        dist.all_gather(gathered, mine, group=group)
+        return [row.numpy().tolist() for row in gathered]
+    # No global group: the rows travel as the shards of one dist tensor made replicated.
+    mesh = dist.ProcessMesh(list(range(dist.get_world_size())))
+    rows = paddle.base.core.dtensor_from_local(mine.reshape([1, -1]), mesh, [dist.Shard(0)])
+    replicated = dist.reshard(rows, mesh, [dist.Replicate()])
+    gathered_rows: list[list[float]] = replicated._local_value().numpy().tolist()
+    return gathered_rows

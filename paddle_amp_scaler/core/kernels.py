@@ -103,6 +103,13 @@ def zero_if_found_(grads: Sequence[Tensor | None], found_inf: Tensor) -> None:
         C_ops.update_loss_scaling_(group, found_inf, scale, counter, counter, 1, 1, 2.0, 0.5, True)
 
 
+def amax_of(grads: Sequence[Tensor | None]) -> Tensor | None:
+    """The largest magnitude among ``grads`` (this rank's shards), float32 [1] on the
+    device, as ``unscale_and_check_`` measures it; None where there is no gradient."""
+    groups = grads_by_dtype_of(grads)
+    return _largest_magnitude(groups) if groups else None
+
+
 def _largest_magnitude(groups: GradGroups) -> Tensor:
     """The largest magnitude in every gradient of ``groups``, float32 [1]: one operation
     per gradient, and two or three per dtype group."""

@@ -61,31 +61,20 @@ class OverflowRecorder:
         self._last: list[OverflowEntry] = []
         self._params: dict[str, Any] = {}  # the parameters of self._last, by Paddle name
 
-    def unscale_and_count_(
-        self,
-        params: list[Any],
-        grads: list[Tensor | None],
-        scale: Tensor,
-        all_finite: Tensor,
-        *,
-        measure: bool = False,
-    ) -> Verdict:
-        """``kernels.unscale_and_check_`` of ``grads``, the gradients of ``params``,
-        queueing each one's inf and nan counts: five operations more per gradient."""
-        # Of a sharded gradient, this rank's shard is counted.
+    def count_(self, params: list[Any], grads: list[Tensor | None]) -> None:
+        """Queue each gradient's inf and nan counts (of a sharded one, this rank's shard),
+        before an unscale writes them: five operations per gradient."""
         local_grads = [None if grad is None else kernels.local(grad) for grad in grads]
         checked = [
             (param, grad) for param, grad in zip(params, local_grads) if kernels.is_checked(grad)
         ]
         if checked:
-            # Counted before the unscale writes the gradients in place.
             counts = [
                 paddle.stack([paddle.isinf(grad).sum(), paddle.isnan(grad).sum()])
                 for _, grad in checked
             ]
             owners = [(param, grad.dtype) for param, grad in checked]
             self._pending.append((owners, paddle.stack(counts)))
-        return kernels.unscale_and_check_(grads, scale, all_finite, measure=measure)
 
     def end_iteration(self, iteration: int, found_inf: bool | Tensor) -> None:
         """Read this iteration's counts and verdict (one device read); keep the counts of

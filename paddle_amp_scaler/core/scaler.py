@@ -229,13 +229,11 @@ class AmpScaler(TensorsOnHost):
         params = optimizers.parameters_of(optimizer)
         grads = optimizers.grads_of(params)
         scale, all_finite = self._loss_scale.scale, self._temp_found_inf_value_false
-        measure = self._measures_now()
-        if self._overflows is None:
-            verdict = kernels.unscale_and_check_(grads, scale, all_finite, measure=measure)
-        else:
-            verdict = self._overflows.unscale_and_count_(
-                params, grads, scale, all_finite, measure=measure
-            )
+        if self._overflows is not None:
+            self._overflows.count_(params, grads)
+        verdict = kernels.unscale_and_check_(
+            grads, scale, all_finite, measure=self._measures_now()
+        )
         self._record_verdict(record, verdict, params, grads)
 
     # -- the extension interface (EXTENSION_INTERFACE) -----------------------------------
@@ -366,6 +364,20 @@ class AmpScaler(TensorsOnHost):
 
     def _unscale_and_record(self, optimizer: Any, record: OptimizerRecord) -> None:
         record.refuse_unscale()
+        # fleet's distributed_scaler and dist.shard_scaler replace _unscale with one that
+        # neither measures nor counts: what the rule and the overflow report need of the
+        # gradients is taken here, before that unscale writes them; the amax agreed over
+        # the ranks that hold them.
+        amax = None
+        measure = self._measures_now()
+        if "_unscale" in vars(self) and (measure or self._overflows is not None):
+            params = optimizers.parameters_of(optimizer)
+            grads = optimizers.grads_of(params)
+            if self._overflows is not None:
+                self._overflows.count_(params, grads)
+            amax = kernels.amax_of(grads) if measure else None
+            if amax is not None:
+                amax = self._sync.largest(amax, distributed.mesh_of(grads))
         self._unscale(optimizer)
         verdict = record.verdict
         if verdict is None or verdict.flag is not self._found_inf:
@@ -373,10 +385,10 @@ class AmpScaler(TensorsOnHost):
             # Python bool or int).
             found = self._found_inf
             if isinstance(found, Tensor):
-                record.verdict = Verdict(found)
+                record.verdict = Verdict(found, amax=amax)
             else:
                 flag = paddle.to_tensor([bool(found)], place=self._loss_scale.scale.place)
-                record.verdict = Verdict(flag, bool(found))
+                record.verdict = Verdict(flag, bool(found), amax=amax)
             record.stage = OptimizerState.UNSCALED
 
     def _check_given_gradients(self, record: OptimizerRecord, grads: Sequence[Tensor]) -> None:
