@@ -111,7 +111,9 @@ def paddle_scaler():
     )
     # Its back-off log line calls float() on a [1] tensor, which NumPy 2 refuses.
     original_float = paddle.Tensor.__float__
-    paddle.Tensor.__float__ = lambda t: original_float(t.reshape([])) if t.size == 1 else original_float(t)
+    paddle.Tensor.__float__ = lambda t: (
+        original_float(t.reshape([])) if t.size == 1 else original_float(t)
+    )
     real_tracer = grad_scaler._dygraph_tracer
     grad_scaler._dygraph_tracer = lambda: types.SimpleNamespace(_expected_place=gpu)
     amp_global_state().amp_dtype = "float16"
@@ -194,25 +196,32 @@ def headroom(results):
     the whole scaled gradients (every shard gathered) and the amax the rule kept."""
     for variant in ("ours_shard_scaler", "ours_own"):
         model, opt = build(steep_shard=True)
-        scaler = scaler_for(variant, policy="headroom")
-        whole, kept, held, whole_fc1 = [], [], [], []
-
-        def gather_whole(model):
-            fc1 = model.fc1.weight.grad
-            held.append(float(np.abs(local(fc1).numpy()).max()))
-            fc1 = local(dist.reshard(fc1, MESH, [dist.Replicate()]))
-            whole_fc1.append(float(np.abs(fc1.numpy()).max()))
-            grads = [dist.reshard(p.grad, MESH, [dist.Replicate()]) for p in model.parameters()]
-            whole.append(max(float(np.abs(local(g).numpy()).max()) for g in grads))
-
-        def keep(scaler):
-            kept.append(number(scaler._loss_scale.memory.amax))
-
+        amaxes = AmaxLog()
         inf = InfOnRankZero(model, "none")
-        log = train(scaler, model, opt, inf, on_step=gather_whole, after_step=keep)
+        scaler = scaler_for(variant, policy="headroom")
+        log = train(scaler, model, opt, inf, on_step=amaxes.gather, after_step=amaxes.keep)
         results[f"headroom_{variant}_log"] = log
-        results[f"headroom_{variant}_amax"] = np.array([whole, kept])
-        results[f"headroom_{variant}_fc1_amax"] = np.array([held, whole_fc1])
+        results[f"headroom_{variant}_amax"] = np.array([amaxes.whole, amaxes.kept])
+        results[f"headroom_{variant}_fc1_amax"] = np.array([amaxes.held, amaxes.whole_fc1])
+
+
+class AmaxLog:
+    """Per step: the largest magnitude of the whole gradients (every shard gathered), of
+    fc1's whole gradient and of this rank's shard of it, and the amax the rule kept."""
+
+    def __init__(self):
+        self.whole, self.whole_fc1, self.held, self.kept = [], [], [], []
+
+    def gather(self, model):
+        fc1 = model.fc1.weight.grad
+        self.held.append(float(np.abs(local(fc1).numpy()).max()))
+        whole_fc1 = local(dist.reshard(fc1, MESH, [dist.Replicate()]))
+        self.whole_fc1.append(float(np.abs(whole_fc1.numpy()).max()))
+        grads = [dist.reshard(p.grad, MESH, [dist.Replicate()]) for p in model.parameters()]
+        self.whole.append(max(float(np.abs(local(g).numpy()).max()) for g in grads))
+
+    def keep(self, scaler):
+        self.kept.append(number(scaler._loss_scale.memory.amax))
 
 
 class CollectiveCounter:
@@ -287,7 +296,10 @@ def surface(results, out):
             results[f"{key}_stats"] = stats_row(scaler)
             results[f"{key}_stuck"] = np.array([s.last_skipped for s in stuck])
             results[f"{key}_report"] = np.array(
-                [f"{e.name} {e.num_inf} {e.num_nan} {e.iteration}" for e in scaler.overflow_report()]
+                [
+                    f"{e.name} {e.num_inf} {e.num_nan} {e.iteration}"
+                    for e in scaler.overflow_report()
+                ]
             )
             scaler.check_consistency()
             state = scaler.state_dict()
@@ -298,7 +310,10 @@ def surface(results, out):
             reloaded.load_state_dict(state)
             results[f"{key}_reloaded"] = stats_row(reloaded)
             results[f"{key}_whole_params"] = np.concatenate(
-                [local(dist.reshard(p, MESH, [dist.Replicate()])).numpy().ravel() for p in model.parameters()]
+                [
+                    local(dist.reshard(p, MESH, [dist.Replicate()])).numpy().ravel()
+                    for p in model.parameters()
+                ]
             )
             save_checkpoint(
                 os.path.join(out, f"{key}.rank{RANK}.ckpt"),
@@ -337,7 +352,7 @@ def faces(results):
     keras = LossScaleOptimizer(opt, initial_scale=2.0**10, dynamic_growth_steps=2)
     inf, log = InfOnRankZero(model, "grad"), []
     for step in range(STEPS):
-        keras.minimize(lambda: inf.loss(model, step))
+        keras.minimize(lambda step=step: inf.loss(model, step))
         opt.clear_grad()
         log.append([keras.scaler.last_step_skipped(), number(keras.loss_scale)])
     results["face_keras_log"] = np.array(log, dtype="float64")

@@ -5,8 +5,8 @@ Paddle's launcher (the harness of test_distributed.py), a tensor-parallel MLP pl
 update rule's specification another. The worker is semi_auto_worker.py."""
 
 import os
-import re
 import pickle
+import re
 import subprocess
 import sys
 
@@ -14,12 +14,12 @@ import numpy as np
 import paddle
 import paddle.distributed as dist
 import pytest
-
-from reference_rule import ReferenceScaler
-from test_distributed import TESTS, run_on_ranks
+from test_distributed import REPO, TESTS, run_on_ranks
 
 from paddle_amp_scaler import GradScaler, load_checkpoint
 from paddle_amp_scaler.checkpoint import read_checkpoint
+
+from reference_rule import ReferenceScaler
 
 WORKER = os.path.join(TESTS, "semi_auto_worker.py")
 STEPS, INF_STEP = 6, 3  # as in semi_auto_worker.py
@@ -210,3 +210,14 @@ def test_the_faces_and_install_train_as_the_scaler_does(run, face):
 
 def test_mindspores_functional_scaler_takes_dist_gradients(run):
     np.testing.assert_array_equal(each_rank(run, "face_mindspore_log"), reference_log())
+
+
+def test_the_example_prints_on_two_ranks_what_its_page_shows(tmp_path):
+    with open(os.path.join(REPO, "docs", "distributed.md"), encoding="utf-8") as page:
+        section = page.read().split("## Semi-automatic parallel")[1]
+    shown = re.search(r"```text\n(2 ranks agree: .*?)```", section, re.S)[1]
+    example = os.path.join(REPO, "examples", "semi_auto_parallel.py")
+    _, logs = run_on_ranks(example, ["--steps", "40"], tmp_path)
+    printed = [line for line in logs[0].splitlines() if line.startswith(("2 ranks", "last loss"))]
+    assert printed == shown.strip().splitlines(), logs[0][-2000:]
+    assert "2 ranks agree" not in logs[1]

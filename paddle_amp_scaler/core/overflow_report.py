@@ -17,7 +17,6 @@ import paddle
 from paddle import Tensor
 
 from . import kernels, validation
-from .kernels import Verdict
 
 logger = logging.getLogger("paddle_amp_scaler")
 

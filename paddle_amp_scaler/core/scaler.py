@@ -231,9 +231,7 @@ class AmpScaler(TensorsOnHost):
         scale, all_finite = self._loss_scale.scale, self._temp_found_inf_value_false
         if self._overflows is not None:
             self._overflows.count_(params, grads)
-        verdict = kernels.unscale_and_check_(
-            grads, scale, all_finite, measure=self._measures_now()
-        )
+        verdict = kernels.unscale_and_check_(grads, scale, all_finite, measure=self._measures_now())
         self._record_verdict(record, verdict, params, grads)
 
     # -- the extension interface (EXTENSION_INTERFACE) -----------------------------------
