@@ -25,7 +25,7 @@ import paddle
 import paddle.distributed as dist
 
 import paddle_amp_scaler
-from paddle_amp_scaler import GradScaler, LossScaleOptimizer, save_checkpoint
+from paddle_amp_scaler import AmpScaler, GradScaler, LossScaleOptimizer, save_checkpoint
 from paddle_amp_scaler.compat.mindspore import DynamicLossScaler, all_finite
 from paddle_amp_scaler.compat.torch import GradScaler as TorchGradScaler
 from paddle_amp_scaler.testing.counters import HostReadCounter
@@ -175,7 +175,8 @@ def local_params(model):
     return np.concatenate([local(p).numpy().ravel() for p in model.parameters()])
 
 
-VARIANTS = ("paddle", "ours_shard_scaler", "ours_own")
+OURS = ("ours_shard_scaler", "ours_own")
+VARIANTS = ("paddle", *OURS)
 
 
 def against_paddle(results):
@@ -377,6 +378,33 @@ def faces(results):
         mindspore.adjust(not found)
         log.append([found, number(mindspore.scale_value)])
     results["face_mindspore_log"] = np.array(log, dtype="float64")
+
+    # AmpScaler.minimize, and unscale_ before step (to clip true gradients), each with
+    # and without shard_scaler.
+    for variant in OURS:
+        model, opt = build("adamw")
+        scaler = AmpScaler(**SCALER_ARGS)
+        if variant == "ours_shard_scaler":
+            scaler = dist.shard_scaler(scaler)
+        inf, log = InfOnRankZero(model, "grad"), []
+        for step in range(STEPS):
+            scaled = scaler.scale(inf.loss(model, step))
+            scaled.backward()
+            scaler.minimize(opt, scaled)
+            opt.clear_grad()
+            log.append([scaler.last_step_skipped(), number(scaler._scale)])
+        results[f"face_minimize_{variant}_log"] = np.array(log, dtype="float64")
+        model, opt = build("adamw")
+        scaler = scaler_for(variant)
+        inf, log = InfOnRankZero(model, "grad"), []
+        for step in range(STEPS):
+            scaler.scale(inf.loss(model, step)).backward()
+            scaler.unscale_(opt)
+            scaler.step(opt)
+            scaler.update()
+            opt.clear_grad()
+            log.append([scaler.last_step_skipped(), number(scaler._scale)])
+        results[f"face_unscale_{variant}_log"] = np.array(log, dtype="float64")
 
     paddle_amp_scaler.install()
     try:

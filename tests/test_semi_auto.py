@@ -199,7 +199,18 @@ def test_check_consistency_names_the_rank_that_differs_without_a_global_group(ru
     assert "rank 1: scale 3 (rank 0: 2048)" in message, message
 
 
-@pytest.mark.parametrize("face", ["torch", "keras", "install"])
+@pytest.mark.parametrize(
+    "face",
+    [
+        "torch",
+        "keras",
+        "install",
+        "minimize_ours_own",
+        "minimize_ours_shard_scaler",
+        "unscale_ours_own",
+        "unscale_ours_shard_scaler",
+    ],
+)
 def test_the_faces_and_install_train_as_the_scaler_does(run, face):
     np.testing.assert_array_equal(
         each_rank(run, f"face_{face}_log"), each_rank(run, "match_adamw_grad_ours_own_log")

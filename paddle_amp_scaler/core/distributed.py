@@ -76,7 +76,7 @@ class FoundInfSync:
         Every rank must call this for the same unscales in the same order, whatever its
         gradients: the scaler calls it once per unscale, gradients or none.
         """
-        if not self.enabled or (mesh is None and not self.active()):
+        if not self._reduces(mesh):
             return verdict
         if verdict.amax is None:
             # Collectives take no bool: as int32, MAX over ranks is OR.
@@ -90,9 +90,12 @@ class FoundInfSync:
     def largest(self, values: Tensor, mesh: Any = None) -> Tensor:
         """``values``' elementwise largest over the ranks of ``mesh`` (else of ``group``),
         on the device; ``values`` themselves when no reduction is due."""
-        if not self.enabled or (mesh is None and not self.active()):
+        if not self._reduces(mesh):
             return values
         return _largest_over_ranks(values, self.group, mesh)
+
+    def _reduces(self, mesh: Any) -> bool:
+        return self.enabled and (mesh is not None or spans_ranks(self.group))
 
 
 def _largest_over_ranks(values: Tensor, group: Group | None, mesh: Any) -> Tensor:

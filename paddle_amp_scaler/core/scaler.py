@@ -367,13 +367,12 @@ class AmpScaler(TensorsOnHost):
         # gradients is taken here, before that unscale writes them; the amax agreed over
         # the ranks that hold them.
         amax = None
-        measure = self._measures_now()
-        if "_unscale" in vars(self) and (measure or self._overflows is not None):
+        if "_unscale" in vars(self) and (self._overflows is not None or self._measures_now()):
             params = optimizers.parameters_of(optimizer)
             grads = optimizers.grads_of(params)
             if self._overflows is not None:
                 self._overflows.count_(params, grads)
-            amax = kernels.amax_of(grads) if measure else None
+            amax = kernels.amax_of(grads) if self._measures_now() else None
             if amax is not None:
                 amax = self._sync.largest(amax, distributed.mesh_of(grads))
         self._unscale(optimizer)
