@@ -56,7 +56,12 @@ def tensor_parallel(name, layer, mesh):
         layer.bias = dist.shard_tensor(layer.bias, mesh, [dist.Replicate()])
 
 
-def build(optimizer="sgd", steep_shard=False):
+# How the batch is placed under each layout: whole on every rank under tensor
+# parallelism, split by rows under data parallelism (replicated parameters).
+BATCH_PLACEMENT = {"tensor": dist.Replicate(), "data": dist.Shard(0)}
+
+
+def build(optimizer="sgd", steep_shard=False, layout="tensor"):
     paddle.seed(0)
     model = MLP()
     if steep_shard:
@@ -64,7 +69,7 @@ def build(optimizer="sgd", steep_shard=False):
         # the fc1 columns it holds are that much smaller than rank 1's.
         with paddle.no_grad():
             model.fc2.weight[:8] = model.fc2.weight[:8] * 2.0**-7
-    model = dist.shard_layer(model, MESH, tensor_parallel)
+    model = dist.shard_layer(model, MESH, tensor_parallel if layout == "tensor" else None)
     make = paddle.optimizer.SGD if optimizer == "sgd" else paddle.optimizer.AdamW
     learning_rate = 0.1 if optimizer == "sgd" else 0.01
     return model, dist.shard_optimizer(make(learning_rate, parameters=model.parameters()))
@@ -75,16 +80,16 @@ DATA = [
 ]
 
 
-def batch(step, mesh=MESH):
-    return dist.shard_tensor(paddle.to_tensor(DATA[step]), mesh, [dist.Replicate()])
+def batch(step, mesh=MESH, placement=BATCH_PLACEMENT["tensor"]):
+    return dist.shard_tensor(paddle.to_tensor(DATA[step]), mesh, [placement])
 
 
 class InfOnRankZero:
     """An inf on rank 0 only, at INF_STEP: in the loss, or in rank 0's shard of fc1's
     gradient."""
 
-    def __init__(self, model, where):
-        self.where, self.step = where, None
+    def __init__(self, model, where, layout="tensor"):
+        self.where, self.step, self.placement = where, None, BATCH_PLACEMENT[layout]
         if where == "grad":
             model.fc1.weight.register_hook(self._hook)
 
@@ -95,7 +100,7 @@ class InfOnRankZero:
 
     def loss(self, model, step, mesh=MESH):
         self.step = step
-        loss = model(batch(step, mesh)).pow(2).mean()
+        loss = model(batch(step, mesh, self.placement)).pow(2).mean()
         if self.where == "loss" and step == INF_STEP and RANK == 0:
             loss = loss * math.inf
         return loss
@@ -180,16 +185,19 @@ VARIANTS = ("paddle", *OURS)
 
 
 def against_paddle(results):
-    """Paddle's scaler and ours, with and without shard_scaler: SGD and AdamW, the inf in
-    the loss and in one rank's gradient."""
-    for optimizer in ("sgd", "adamw"):
-        for where in ("loss", "grad"):
-            for variant in VARIANTS:
-                model, opt = build(optimizer)
-                scaler = scaler_for(variant)
-                key = f"match_{optimizer}_{where}_{variant}"
-                results[f"{key}_log"] = train(scaler, model, opt, InfOnRankZero(model, where))
-                results[f"{key}_params"] = local_params(model)
+    """Paddle's scaler and ours, with and without shard_scaler, under both layouts: SGD
+    and AdamW, the inf in the loss and in one rank's gradient."""
+    for layout in BATCH_PLACEMENT:
+        for optimizer in ("sgd", "adamw"):
+            # Under data parallelism a gradient replaced on one rank alone would make
+            # that rank's collectives differ from the other's: the inf comes in the loss.
+            for where in ("loss", "grad") if layout == "tensor" else ("loss",):
+                for variant in VARIANTS:
+                    model, opt = build(optimizer, layout=layout)
+                    inf = InfOnRankZero(model, where, layout)
+                    key = f"match_{layout}_{optimizer}_{where}_{variant}"
+                    results[f"{key}_log"] = train(scaler_for(variant), model, opt, inf)
+                    results[f"{key}_params"] = local_params(model)
 
 
 def headroom(results):
