@@ -14,12 +14,12 @@ import numpy as np
 import paddle
 import paddle.distributed as dist
 import pytest
-from test_distributed import REPO, TESTS, run_on_ranks
 
 from paddle_amp_scaler import GradScaler, load_checkpoint
 from paddle_amp_scaler.checkpoint import read_checkpoint
 
 from reference_rule import ReferenceScaler
+from test_distributed import REPO, TESTS, run_on_ranks
 
 WORKER = os.path.join(TESTS, "semi_auto_worker.py")
 STEPS, INF_STEP = 6, 3  # as in semi_auto_worker.py

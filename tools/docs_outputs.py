@@ -8,7 +8,10 @@ then any of these options after the version:
 - ", after the Python block above": the page's last Python block before the mark runs
   first, in a fresh folder, and the command runs there (on the files it wrote);
 - ", varies by machine": the output describes the machine (versions, paths), so
-  `--check` compares only the labels that start its lines.
+  `--check` compares only the labels that start its lines;
+- ", rank 0": the command starts ranks with Paddle's launcher, whose console carries
+  rank 0's output among Paddle's own log lines (its loggers' records, glog's lines, the
+  banner of the flags the launcher set): the block shows rank 0's lines without them.
 
     <!-- output: python examples/monitor_a_run.py (Paddle 3.3.1) -->
     ```text
@@ -43,6 +46,12 @@ MARKED = re.compile(
     re.S,
 )
 STDOUT, AFTER_BLOCK, VARIES = "stdout", "after the Python block above", "varies by machine"
+RANK_ZERO = "rank 0"
+PADDLE_LOG_LINE = re.compile(
+    r"\[\d{4}-\d\d-\d\d [\d:,]+\] \[ *[A-Z]+\] "  # Paddle's Python loggers
+    r"|[IWEF]\d{4} [\d:.]+ +\d+ \S+:\d+\] "  # glog, from Paddle's C++
+    r"|=+( Modified FLAGS detected =+)?$|FLAGS\(name="  # the flags' banner
+)
 PYTHON_BLOCK = re.compile(r"^```python\n(?P<code>.*?)^```", re.S | re.M)
 
 
@@ -58,9 +67,13 @@ def run(
 ) -> subprocess.CompletedProcess[str]:
     """``command``'s output in a fresh folder, after ``setup`` (Python code) if given."""
     arguments = [sys.executable, *command.split()[1:]]
-    script = os.path.join(ROOT, arguments[1])
-    if os.path.isfile(script):
-        arguments[1] = script
+    # The script: the first argument, or the first .py one after a module and its options
+    # (`-m paddle.distributed.launch --nproc_per_node 2 examples/...py`).
+    for index in [1] + [i for i, argument in enumerate(arguments) if argument.endswith(".py")]:
+        script = os.path.join(ROOT, arguments[index])
+        if os.path.isfile(script):
+            arguments[index] = script
+            break
     environment = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
     # This checkout's package, wherever the command runs: a script or a fresh folder would
     # otherwise find whatever copy is installed.
@@ -83,6 +96,13 @@ def run(
             if prepared.returncode != 0:
                 return prepared
         return execute(arguments, folder)
+
+
+def rank_zero_lines(output: str) -> str:
+    """What rank 0 printed, from a launcher's console (or rank 0's log): the lines in no
+    format of Paddle's own logs."""
+    lines = (line.rstrip() for line in output.strip().splitlines())
+    return "\n".join(line for line in lines if not PADDLE_LOG_LINE.match(line))
 
 
 def labels(output: str) -> list[str]:
@@ -128,7 +148,7 @@ def refresh(page: str, check: bool) -> list[str]:
     def replace(match: re.Match[str]) -> str:
         command = match["command"]
         options = [option for option in match["options"].split(", ") if option]
-        unknown = set(options) - {STDOUT, AFTER_BLOCK, VARIES}
+        unknown = set(options) - {STDOUT, AFTER_BLOCK, VARIES, RANK_ZERO}
         if unknown:
             problems.append(f"{name}: `{command}` has unknown options {sorted(unknown)}")
             return match[0]
@@ -148,6 +168,8 @@ def refresh(page: str, check: bool) -> list[str]:
             print(f"{name}: `{command}` cannot run here, left as it was:\n{reason}")
             return match[0]
         output = "\n".join(line.rstrip() for line in result.stdout.strip().splitlines())
+        if RANK_ZERO in options:
+            output = rank_zero_lines(output)
         shown = match["body"].strip()
         if untimed(output) == untimed(shown):
             output = shown  # a page is not rewritten for its durations alone
