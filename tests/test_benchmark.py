@@ -222,3 +222,38 @@ def test_beyond_any_scale_is_what_the_best_scale_still_flushes(monkeypatch):
         beyond = policy_bench.beyond_any_scale(census.last_exponents, census.last_amax)
         assert beyond == flushed_at_best
         assert (flushed_at_best > 0) == (spread > 40)
+
+
+SOAK_SCRIPT = os.path.join(REPO, "benchmarks", "soak.py")
+
+
+def test_a_short_soak_reports_each_variant_asked_for(tmp_path):
+    json_path, output_path = tmp_path / "soak.json", tmp_path / "results.txt"
+    # 1000 iterations: one injected inf, in the last.
+    result = run_script(
+        SOAK_SCRIPT,
+        "--iterations",
+        1000,
+        "--variants",
+        "headroom,mindspore",
+        "--json",
+        json_path,
+        "--output",
+        output_path,
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    rows = [
+        line for line in result.stdout.splitlines() if line.startswith("| ") and "---" not in line
+    ]
+    assert [row.split("|")[1].strip() for row in rows] == ["variant", "headroom", "mindspore"]
+    assert "at 250 (MiB) | at 500 | at 1,000" in rows[0]
+    assert "device:   not measured" in result.stdout or "CUDA memory sampled" in result.stdout
+    # The report is appended to --output as printed.
+    assert all(row in output_path.read_text() for row in rows)
+    results = json.loads(json_path.read_text())["results"]
+    for each in results:
+        assert sorted(int(point) for point in each["rss"]) == list(range(0, 1001, 50))
+        assert all(is_positive(value) for value in each["rss"].values())
+        assert each["stats"]["skipped"] == 1 and each["stats"]["backoffs"] == 1
+    rejected = run_script(SOAK_SCRIPT, "--variants", "amp")
+    assert rejected.returncode != 0 and "unknown ['amp']" in rejected.stderr
