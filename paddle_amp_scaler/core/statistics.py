@@ -131,8 +131,10 @@ class RunStatistics(TensorsOnHost):
         fired = self._column([acted for _, acted in pending])
         # 1-based positions of the last skipped and the last finite iteration, 0 if none.
         positions = paddle.arange(1, n + 1, dtype=paddle.int64)
-        last_skip = (skipped * positions).max()
-        last_finite = ((1 - skipped) * positions).max()
+        # The kernel itself: Paddle 3.2's paddle.max and Tensor.max warn on a user's
+        # terminal ("Non compatible API": PyTorch's max differs).
+        last_skip = kernels.C_ops.max(skipped * positions, [], False)
+        last_finite = kernels.C_ops.max((1 - skipped) * positions, [], False)
         counts = self.counts
         self.counts = paddle.stack(
             [
