@@ -237,3 +237,22 @@ def test_the_example_prints_on_two_ranks_what_its_page_shows(tmp_path):
     printed = [line for line in logs[0].splitlines() if line.startswith(("2 ranks", "last loss"))]
     assert printed == shown.strip().splitlines(), logs[0][-2000:]
     assert "2 ranks agree" not in logs[1]
+
+
+def test_a_gradient_on_a_mesh_without_this_rank_is_left_out():
+    # In a pipeline split each stage's parameters live on a mesh of their own; on the
+    # other stages' ranks their gradients hold no shard (an uninitialized local value of
+    # the whole shape, whose memory a kernel would read as numbers).
+    from paddle_amp_scaler.core import kernels
+
+    def on(ranks, values):
+        mesh = dist.ProcessMesh(ranks)
+        return dist.shard_tensor(paddle.to_tensor(values), mesh, [dist.Replicate()])
+
+    held, elsewhere = on([0], [[1.0, float("inf")]]), on([1], [[1.0, 2.0]])
+    assert not elsewhere._local_value()._is_initialized()
+    scale, finite = paddle.to_tensor([4.0]), paddle.to_tensor([False])
+    verdict = kernels.unscale_and_check_([elsewhere, None], scale, finite, measure=True)
+    assert verdict.amax is None and not bool(verdict.flag)
+    verdict = kernels.unscale_and_check_([held, elsewhere], scale, finite, measure=True)
+    assert bool(verdict.flag) and float(verdict.amax.numpy()[0]) == float("inf")

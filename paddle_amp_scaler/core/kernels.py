@@ -138,7 +138,7 @@ def grads_by_dtype_of(grads: Iterable[Tensor | None]) -> GradGroups:
     last_dtype, last_group = None, []
     for grad in grads:
         if grad is not None and grad.is_dist():
-            grad = grad._local_value()
+            grad = shard_held(grad)
         if is_checked(grad):
             dtype = grad.dtype
             if dtype is not last_dtype:
@@ -227,6 +227,13 @@ def local(tensor: Tensor) -> Tensor:
     storage (an in-place write to it is one to the dist tensor), else ``tensor`` itself.
     A replicated dist tensor's local value is the whole of it."""
     return tensor._local_value() if tensor.is_dist() else tensor
+
+
+def shard_held(grad: Tensor) -> Tensor | None:
+    """This rank's shard of a dist gradient; None where the rank holds none (the gradient
+    lives on a mesh without it, as a pipeline stage's do on the other stages' ranks)."""
+    held = grad._local_value()
+    return held if held._is_initialized() else None
 
 
 _stand_ins: dict[tuple[str, str], Tensor] = {}
