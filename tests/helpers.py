@@ -1,6 +1,8 @@
 """Shared test helpers: tiny models, overflow injection, host-read counting, Paddle's oracle."""
 
 import contextlib
+import importlib.util
+import os
 import pickle
 import types
 
@@ -165,3 +167,12 @@ def write_payload(path, payload, body=None):
     around a pickle ``body`` as it is)."""
     body = pickle.dumps(payload, protocol=4) if body is None else body
     path.write_bytes(checkpoint.file_format.framed(body))
+
+
+def tool(name):
+    """A script of tools/, imported."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    spec = importlib.util.spec_from_file_location(name, os.path.join(root, "tools", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

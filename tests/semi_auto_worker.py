@@ -25,7 +25,13 @@ import paddle
 import paddle.distributed as dist
 
 import paddle_amp_scaler
-from paddle_amp_scaler import AmpScaler, GradScaler, LossScaleOptimizer, save_checkpoint
+from paddle_amp_scaler import (
+    AmpScaler,
+    GradScaler,
+    LossScaleOptimizer,
+    load_checkpoint,
+    save_checkpoint,
+)
 from paddle_amp_scaler.compat.mindspore import DynamicLossScaler, all_finite
 from paddle_amp_scaler.compat.torch import GradScaler as TorchGradScaler
 from paddle_amp_scaler.testing.counters import HostReadCounter
@@ -331,6 +337,18 @@ def surface(results, out):
                 scaler=scaler,
                 step=STEPS,
             )
+            # Back into a sharded run of the same layout.
+            resumed_model, resumed_opt = build("adamw")
+            resumed = GradScaler(policy=policy)
+            load_checkpoint(
+                os.path.join(out, f"{key}.rank{RANK}.ckpt"),
+                model=resumed_model,
+                optimizer=resumed_opt,
+                scaler=resumed,
+            )
+            results[f"{key}_resumed_stats"] = stats_row(resumed)
+            results[f"{key}_resumed_params"] = local_params(resumed_model)
+            results[f"{key}_params"] = local_params(model)
     # A state dict of a single-process run, written by the test, resumes here.
     single = GradScaler(policy="headroom")
     single.load_state_dict(paddle.load(os.path.join(out, "single.pdparams")))

@@ -1,7 +1,6 @@
 """The documentation tells the truth: its worked trace of the update rule is what the
 scaler does, its code runs as pasted, and the outputs it shows are what the code prints."""
 
-import importlib.util
 import math
 import os
 import re
@@ -14,7 +13,7 @@ import pytest
 
 from paddle_amp_scaler import GradScaler
 
-from helpers import GradInjector, batches, make_model, train_step
+from helpers import GradInjector, batches, make_model, tool, train_step
 
 CONCEPTS = os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "concepts.md"
@@ -97,14 +96,6 @@ def test_the_outputs_the_pages_show_are_what_the_code_prints():
         timeout=600,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-
-
-def tool(name):
-    """A script of tools/, imported."""
-    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "tools", f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.parametrize("figure", ["demo.png", "visualdl.png"])

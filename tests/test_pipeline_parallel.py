@@ -4,7 +4,6 @@ each, started by Paddle's launcher through test_distributed.py's harness. Throug
 steps Paddle's own GradScaler skips, hold the same scale after every step, and leave
 each stage's parameters bit for bit as Paddle's does."""
 
-import importlib.util
 import math
 import os
 import re
@@ -15,6 +14,7 @@ import paddle
 import pytest
 from paddle.distributed.fleet.proto import distributed_strategy_pb2
 
+from helpers import tool
 from test_distributed import COLUMNS, REPO, TESTS, expected_log, params_in, run_on_ranks
 
 WORKER = os.path.join(TESTS, "pipeline_worker.py")
@@ -84,27 +84,18 @@ def test_the_stages_scalers_agree(stages):
     assert [str(result["consistency"]) for result in stages] == ["", ""]
 
 
-def docs_outputs():
-    spec = importlib.util.spec_from_file_location(
-        "docs_outputs", os.path.join(REPO, "tools", "docs_outputs.py")
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_example_prints_on_two_ranks_what_its_page_shows(tmp_path):
-    tool = docs_outputs()
+    outputs = tool("docs_outputs")
     with open(os.path.join(REPO, "docs", "distributed.md"), encoding="utf-8") as page:
         blocks = [
             match
-            for match in tool.MARKED.finditer(page.read())
+            for match in outputs.MARKED.finditer(page.read())
             if "examples/pipeline_parallel.py" in match["command"]
         ]
     assert len(blocks) == 1, "the page shows the example's output once, in a marked block"
     assert re.search(r"\brank 0\b", blocks[0]["options"]), blocks[0]["options"]
     _, logs = run_on_ranks(EXAMPLE, [], tmp_path)
-    assert tool.rank_zero_lines(logs[0]) == blocks[0]["body"].strip()
+    assert outputs.rank_zero_lines(logs[0]) == blocks[0]["body"].strip()
     assert "stages agree" not in logs[1]
 
 
