@@ -46,14 +46,7 @@ import paddle.nn.functional as F  # noqa: E402
 
 import paddle_amp_scaler  # noqa: E402
 from paddle_amp_scaler import GradScaler  # noqa: E402
-from paddle_amp_scaler.core.headroom import (  # noqa: E402
-    CALIBRATION_ITERATIONS,
-    CALIBRATION_MARGIN,
-    CALIBRATION_STRIDE,
-    MARGIN,
-    PEAK_HALF_LIFE,
-    HeadroomRule,
-)
+from paddle_amp_scaler.core.headroom import HeadroomRule  # noqa: E402
 from paddle_amp_scaler.core.limits import FLOAT16_MAX  # noqa: E402
 from paddle_amp_scaler.testing import (  # noqa: E402
     UnderflowCensus,
@@ -919,13 +912,15 @@ def main(argv=None) -> int:
         f"versions: Python {info['python']}, Paddle {info['paddle']}, NumPy {info['numpy']}, "
         f"paddle_amp_scaler {paddle_amp_scaler.__version__}"
     )
+    rule = HeadroomRule()
     print(
-        f"measures: headroom measures the amax in the first {CALIBRATION_ITERATIONS} "
+        f"measures: headroom measures the amax in the first {rule.calibration_iterations} "
         f"iterations and every {measure_every}th"
     )
     print(
-        f"headroom: MARGIN {MARGIN} (CALIBRATION_MARGIN {CALIBRATION_MARGIN}), PEAK_HALF_LIFE "
-        f"{PEAK_HALF_LIFE}, CALIBRATION {CALIBRATION_ITERATIONS} x {CALIBRATION_STRIDE}"
+        f"headroom: margin {rule.margin} (calibration_margin {rule.calibration_margin}), "
+        f"peak_half_life {rule.peak_half_life}, calibration {rule.calibration_iterations} x "
+        f"{rule.calibration_stride}"
     )
     for workload in workloads:
         print(

@@ -72,7 +72,7 @@ def test_headroom_grows_at_once_where_the_interval_rule_waits():
     # Up to the calibration's margin below float16's ceiling, in powers of two, in one
     # iteration.
     bits = math.log2(65504.0 / recorder.largest)
-    expected_steps = math.floor(bits - headroom.CALIBRATION_MARGIN)
+    expected_steps = math.floor(bits - headroom.HeadroomRule().calibration_margin)
     assert grown == 2.0 * 2.0**expected_steps
     assert scaler.stats().growths == 1
 

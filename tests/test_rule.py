@@ -12,11 +12,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from paddle_amp_scaler.core import headroom
 from paddle_amp_scaler.core.headroom import HeadroomMemory, HeadroomRule
 from paddle_amp_scaler.core.interval import IntervalRule, Memory
 from paddle_amp_scaler.core.limits import FLOAT16_MAX, FLOAT32_MAX
 from paddle_amp_scaler.core.loss_scale import LossScale
+
+from reference_rule import headroom_adjust, reference_adjust
 
 
 def at(scale, incr=0, decr=0):
@@ -191,17 +192,33 @@ def test_the_device_form_follows_adjust_on_long_sequences(rule, start, founds):
 # -- the headroom policy ---------------------------------------------------------------------
 
 
+def headroom_step(rule, memory, found, amax=None, iteration=0):
+    """One iteration of ``rule``'s device form from ``memory`` (host numbers), read back,
+    and whether it acted; held to the reference's at once, so that each worked example
+    checks both."""
+    tensors = _tensors(memory)
+    acted = rule.adjust_(
+        tensors,
+        paddle.to_tensor([found]),
+        None if amax is None else paddle.to_tensor([amax], dtype="float32"),
+        iteration,
+    )
+    got = (read(tensors), bool(acted.numpy()[0]))
+    assert got == headroom_adjust(rule, memory, found, amax, iteration)
+    return got
+
+
 def test_headroom_calibrates_the_start_in_a_few_iterations():
     # From 2**16, gradients that overflow at every scale above 2**4: the first overflow
     # backs off eight steps at once, and the first finite measurement fits the scale to
     # the calibration's margin below float16's ceiling.
     rule = HeadroomRule()
-    memory, acted = rule.adjust(HeadroomMemory(np.float32(2.0**16)), True, float("inf"), 1)
+    memory, acted = headroom_step(rule, HeadroomMemory(np.float32(2.0**16)), True, float("inf"), 1)
     assert memory.scale == 2.0**8 and acted
-    memory, _ = rule.adjust(memory, True, float("inf"), 2)
+    memory, _ = headroom_step(rule, memory, True, float("inf"), 2)
     assert memory.scale == 1.0
     # Finite: amax 0.5 at scale 1; the calibration's margin (2 bits) allows 65504 / 4.
-    memory, acted = rule.adjust(memory, False, 0.5, 3)
+    memory, acted = headroom_step(rule, memory, False, 0.5, 3)
     assert memory.scale == 2.0**14 and acted and memory.grown_at == 3
     assert memory.amax == 0.5 and memory.peak == 0.5 and memory.anchor == memory.scale
 
@@ -220,10 +237,10 @@ def fitted(peak, limit, incr_ratio=2.0):
 @pytest.mark.parametrize("amax", [2.0**-3, 1.0, 1000.0, 16376.0, 16377.0, 32752.0, 40000.0])
 def test_a_measured_iteration_fits_the_scale_to_the_peak_either_way(amax):
     rule, memory = HeadroomRule(), HeadroomMemory(np.float32(2.0**10))
-    after, acted = rule.adjust(memory, False, amax, 64)
+    after, acted = headroom_step(rule, memory, False, amax, 64)
     peak = amax / 2.0**10
     assert after.peak == np.float32(peak)
-    assert after.scale == fitted(peak, FLOAT16_MAX / 2**headroom.MARGIN)
+    assert after.scale == fitted(peak, FLOAT16_MAX / 2**rule.margin)
     # A fit downward meets growing gradients before they overflow: neither a growth nor
     # a back-off.
     assert acted == (after.scale > memory.scale)
@@ -231,57 +248,59 @@ def test_a_measured_iteration_fits_the_scale_to_the_peak_either_way(amax):
 
 def test_the_peak_forgets_a_bit_per_half_life():
     rule = HeadroomRule()
-    memory, _ = rule.adjust(HeadroomMemory(np.float32(2.0**10)), False, 30000.0, 64)
+    memory, _ = headroom_step(rule, HeadroomMemory(np.float32(2.0**10)), False, 30000.0, 64)
     assert memory.scale == 2.0**10
-    # The gradients shrink 16-fold at once: the peak, stale, comes down to 2**STALE_BITS
+    # The gradients shrink 16-fold at once: the peak, stale, comes down to 2**stale_bits
     # times them, and then forgets a bit per half-life; measured every 64 iterations,
     # the scale climbs one growth per half-life, not all the way at the next measurement.
     grown_at = {}
     for iteration in range(128, 64 * 40, 64):
         amax = 30000.0 / 16 * float(memory.scale) / 2.0**10
-        memory, _ = rule.adjust(memory, False, amax, iteration)
+        memory, _ = headroom_step(rule, memory, False, amax, iteration)
         grown_at.setdefault(float(memory.scale), iteration)
     apart = [grown_at[2.0 ** (k + 1)] - grown_at[2.0**k] for k in (11, 12)]
-    assert all(abs(gap - headroom.PEAK_HALF_LIFE) <= 64 for gap in apart), grown_at
+    assert all(abs(gap - rule.peak_half_life) <= 64 for gap in apart), grown_at
     assert memory.scale == 2.0**14  # where the shrunk gradients fit: 30000 / 16 * 16 <= 32752
 
 
 def test_a_peak_far_above_the_gradients_is_stale():
     rule = HeadroomRule()
-    memory, _ = rule.adjust(HeadroomMemory(np.float32(2.0**10)), False, 30000.0, 64)
-    # The gradients shrink 1024-fold: the peak comes down to 2**STALE_BITS times the
+    memory, _ = headroom_step(rule, HeadroomMemory(np.float32(2.0**10)), False, 30000.0, 64)
+    # The gradients shrink 1024-fold: the peak comes down to 2**stale_bits times the
     # new amax at once, rather than forgetting one bit per half-life.
-    memory, _ = rule.adjust(memory, False, 30000.0 / 1024, 128)
+    memory, _ = headroom_step(rule, memory, False, 30000.0 / 1024, 128)
     latest = np.float32(30000.0 / 1024) / np.float32(2.0**10)
-    assert memory.peak == latest * np.float32(2**headroom.STALE_BITS)
-    assert memory.scale == fitted(float(memory.peak), FLOAT16_MAX / 2**headroom.MARGIN)
+    assert memory.peak == latest * np.float32(2**rule.stale_bits)
+    assert memory.scale == fitted(float(memory.peak), FLOAT16_MAX / 2**rule.margin)
     assert memory.scale == 2.0**17
 
 
 def test_an_overflow_soon_after_a_growth_holds_the_scale_a_growth_below_it():
     rule = HeadroomRule(incr_every_n_steps=1000)
-    memory, _ = rule.adjust(HeadroomMemory(np.float32(2.0**10)), False, 1.0, 64)
+    memory, _ = headroom_step(rule, HeadroomMemory(np.float32(2.0**10)), False, 1.0, 64)
     top = memory.scale
     assert memory.grown_at == 64
-    memory, _ = rule.adjust(memory, True, None, 100)  # within 1000 // 4 of the growth
+    memory, _ = headroom_step(rule, memory, True, None, 100)  # within 1000 // 4 of the growth
     assert memory.scale == top / 2
-    memory, _ = rule.adjust(memory, False, 0.5, 128)  # room to grow, but it overflowed
+    memory, _ = headroom_step(rule, memory, False, 0.5, 128)  # room to grow, but it overflowed
     assert memory.overflow_peak == FLOAT16_MAX * 2 / 2 / top and memory.scale == top / 2
     # What the overflow proved falls a growth per 1000 iterations; the gradients keep room.
     for iteration in range(192, 1300, 64):
-        memory, _ = rule.adjust(memory, False, float(memory.scale) / 2**15, iteration)
+        memory, _ = headroom_step(rule, memory, False, float(memory.scale) / 2**15, iteration)
         assert memory.scale == (top if iteration >= 128 + 1000 else top / 2), iteration
 
 
 def test_a_spike_long_after_the_last_growth_is_climbed_back_at_once():
     rule = HeadroomRule(incr_every_n_steps=100)
-    memory, _ = rule.adjust(HeadroomMemory(np.float32(2.0**10)), False, 1.0, 64)
+    memory, _ = headroom_step(rule, HeadroomMemory(np.float32(2.0**10)), False, 1.0, 64)
     top = memory.scale
-    memory, _ = rule.adjust(memory, False, 20000.0, 128)  # no room to grow
+    memory, _ = headroom_step(rule, memory, False, 20000.0, 128)  # no room to grow
     assert memory.scale == top
-    memory, _ = rule.adjust(memory, True, None, 180)  # long after the growth at 64
+    memory, _ = headroom_step(rule, memory, True, None, 180)  # long after the growth at 64
     assert memory.scale == top / 2
-    memory, _ = rule.adjust(memory, False, 10000.0, 192)  # the same gradients, at half scale
+    memory, _ = headroom_step(
+        rule, memory, False, 10000.0, 192
+    )  # the same gradients, at half scale
     assert memory.scale == top and memory.overflow_peak == 0
 
 
@@ -289,17 +308,17 @@ def test_gradients_that_are_not_float16_hold_the_scale():
     # Finite beyond 65504: float32 gradients (amp_guard off, as on a CPU) or a sum over
     # several backward passes. The rule holds; headroom_bits says how far beyond.
     rule = HeadroomRule()
-    memory, acted = rule.adjust(HeadroomMemory(np.float32(2.0**16)), False, 2.0**17, 1)
+    memory, acted = headroom_step(rule, HeadroomMemory(np.float32(2.0**16)), False, 2.0**17, 1)
     assert memory.scale == 2.0**16 and not acted and memory.peak == 0
     assert rule.headroom_bits(memory) == math.log2(FLOAT16_MAX / 2.0**17) < 0
-    memory, _ = rule.adjust(memory, False, 2.0**10, 2)  # float16's again: it fits
+    memory, _ = headroom_step(rule, memory, False, 2.0**10, 2)  # float16's again: it fits
     assert memory.scale == fitted(2.0**10 / 2.0**16, FLOAT16_MAX / 4)
 
 
 def test_unmeasured_iterations_only_back_off():
     rule, memory = HeadroomRule(), HeadroomMemory(np.float32(2.0**10))
-    assert rule.adjust(memory, False, None, 5)[0].scale == 2.0**10
-    backed, acted = rule.adjust(memory, True, None, 5)
+    assert headroom_step(rule, memory, False, None, 5)[0].scale == 2.0**10
+    backed, acted = headroom_step(rule, memory, True, None, 5)
     assert backed.scale == 2.0**9 and acted and backed.anchor == memory.anchor
 
 
@@ -344,7 +363,7 @@ def test_the_headroom_device_form_follows_adjust_on_long_sequences(rule, start, 
             None if amax is None else paddle.to_tensor([amax], dtype="float32"),
             iteration,
         )
-        expected, expected_acted = rule.adjust(expected, found, amax, iteration)
+        expected, expected_acted = reference_adjust(rule, expected, found, amax, iteration)
         got = (read(tensors), bool(acted.numpy()[0]))
         assert got == (expected, expected_acted), f"iteration {iteration}: {rule}"
 
@@ -374,7 +393,7 @@ def test_loss_scale_follows_adjust_whether_verdicts_come_on_the_host_or_the_devi
             None if amax is None else paddle.to_tensor([amax], dtype="float32"),
             iteration,
         )
-        expected, expected_acted = rule.adjust(expected, found, amax, iteration)
+        expected, expected_acted = reference_adjust(rule, expected, found, amax, iteration)
         acted = acted if isinstance(acted, bool) else bool(acted.numpy()[0])
         assert acted == expected_acted, f"iteration {iteration}"
         if iteration % read_every == 0:
@@ -384,7 +403,7 @@ def test_loss_scale_follows_adjust_whether_verdicts_come_on_the_host_or_the_devi
     # A verdict known on the device only brings the device's counters up to date first.
     iteration = len(steps) + 1
     loss_scale.advance(paddle.to_tensor([False]), None, iteration)
-    expected, _ = rule.adjust(expected, False, None, iteration)
+    expected, _ = reference_adjust(rule, expected, False, None, iteration)
     assert read(loss_scale.memory) == expected
 
 

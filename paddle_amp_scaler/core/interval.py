@@ -1,13 +1,14 @@
-"""Paddle's loss-scaling rule as a type: ``IntervalRule``, and ``Memory``, what a rule
-remembers between iterations.
+"""What every loss-scaling rule is (``Rule``, and ``Memory``, what it remembers between
+iterations), and Paddle's rule as one: ``IntervalRule``.
 
 A rule is a frozen value holding its settings; its memory is apart from them, in the
-host numbers of ``Memory`` or the same fields as device tensors. Each rule has two forms
-written next to each other, with the same names and the same direction of every
+host numbers of ``Memory`` or the same fields as device tensors. ``IntervalRule`` has two
+forms written next to each other, with the same names and the same direction of every
 comparison: ``adjust``, the pure transition on host numbers, which is the
-specification; and ``adjust_``, the same transition on the device tensors, in place,
-with no read. The tests hold the second to the first on long random sequences, and the
-first to worked examples and to Paddle's own scaler.
+specification (MindSpore's managers run it on the host); and ``adjust_``, the same
+transition on the device tensors, in place, with no read. The tests hold the second to
+the first on long random sequences, and the first to worked examples and to Paddle's
+own scaler.
 """
 
 from __future__ import annotations
@@ -51,27 +52,18 @@ class Memory:
 
 
 @dataclasses.dataclass(frozen=True)
-class IntervalRule:
-    """Paddle's rule, and PyTorch's, Keras' and MindSpore's: grow after a run of finite
-    iterations, back off after a run of iterations with inf/nan::
-
-        if found:
-            incr_count = 0; decr_count += 1
-            if decr_count == decr_every_n_nan_or_inf:        # back off
-                scale = max(scale * decr_ratio, min_scale); decr_count = 0
-        else:
-            decr_count = 0; incr_count += 1
-            if incr_count == incr_every_n_steps:             # grow
-                if scale * incr_ratio is finite:
-                    scale = min(scale * incr_ratio, max_scale)
-                incr_count = 0
-
-    It is blind to the gradients: it grows every period whatever they hold.
+class Rule:
+    """What every rule shares: Paddle's four settings, the bounds of the scale, and the
+    back-off after ``decr_every_n_nan_or_inf`` iterations with inf/nan in a row, which
+    every rule takes from Paddle's ``update_loss_scaling`` kernel. A rule says how the
+    scale grows (``count``, ``adjust_``) and what it remembers beyond the scale and its
+    counters (``memory_type``, ``state_key``).
 
     Args:
         incr_ratio: the factor of a growth.
         decr_ratio: the factor of a back-off.
-        incr_every_n_steps: finite iterations in a row before a growth.
+        incr_every_n_steps: finite iterations in a row before a growth (``IntervalRule``);
+            how long a level that overflowed is held off (``HeadroomRule``).
         decr_every_n_nan_or_inf: iterations with inf/nan in a row before a back-off.
         min_scale: the scale never falls below it.
         max_scale: the scale never grows above it; None: no bound but float32's range.
@@ -81,7 +73,7 @@ class IntervalRule:
     """
 
     # The name a scaler is built with (``policy=``) and a state dict carries.
-    name: ClassVar[str] = "interval"
+    name: ClassVar[str]
     memory_type: ClassVar[type[Memory]] = Memory
     # The state-dict key of the memory beyond the scale and its counters (None: none).
     state_key: ClassVar[str | None] = None
@@ -95,10 +87,9 @@ class IntervalRule:
     backoff_divisor: float | None = None
 
     @property
-    def grows_every(self) -> int | None:
-        """Finite iterations in a row after which the counters grow the scale; None where
-        another step of the rule decides when to grow."""
-        return self.incr_every_n_steps
+    def incr_count_limit(self) -> int:
+        """``incr_count`` stays below it: the period of a rule that grows by the counters."""
+        return INT32_MAX
 
     def measures(self, iteration: int) -> bool:
         """Whether the rule wants the gradients' amax in ``iteration`` (1-based)."""
@@ -117,8 +108,96 @@ class IntervalRule:
             acts = decr_count == self.decr_every_n_nan_or_inf
             return 0, 0 if acts else decr_count, acts
         incr_count += 1
-        acts = incr_count == self.grows_every
+        acts = incr_count == self.incr_count_limit
         return 0 if acts else incr_count, 0, acts
+
+    def adjust_(
+        self, memory: Memory, found: Tensor, amax: Tensor | None = None, iteration: int = 0
+    ) -> Tensor:
+        """The rule on the device tensors of ``memory``, in place, from a bool [1] verdict
+        and, in an iteration it measures, the amax; returns whether the rule acted, a
+        bool [1] tensor. Nothing is read."""
+        raise NotImplementedError
+
+    def _count_and_move_(self, memory: Memory, found: Tensor) -> Tensor:
+        """``count`` and the move it makes, on the device: Paddle's ``update_loss_scaling``
+        kernel, one launch, with ``incr_count_limit`` as its growth period. It floors the
+        scale at 1.0, backs off by multiplying, refuses a growth that would overflow
+        float32, and resets the counter of the verdict's kind exactly when it acts,
+        leaving the other at 0. So a lower ``min_scale`` or a ``backoff_divisor`` redoes
+        its back-off, and a higher floor or a ``max_scale`` clips after it (no operation
+        for the defaults)."""
+        scale = memory.scale
+        redo_backoff = self.min_scale < 1.0 or self.backoff_divisor is not None
+        before = scale.clone() if redo_backoff else None
+        # The kernel zeroes its ``xs`` when found_inf is set, and refuses an empty list:
+        # the gradients were dealt with before, so it gets a stand-in.
+        kernels.C_ops.update_loss_scaling_(
+            [kernels.stand_in(scale, paddle.float32)],
+            found,
+            scale,
+            memory.incr_count,
+            memory.decr_count,
+            self.incr_count_limit,
+            self.decr_every_n_nan_or_inf,
+            self.incr_ratio,
+            self.decr_ratio,
+            False,
+        )
+        # Both counters are 0 exactly when it acted.
+        acted = paddle.equal(memory.incr_count, memory.decr_count)
+        if before is not None:
+            # Rare settings: readability over the handful of operations they cost.
+            backed_off = paddle.logical_and(found, memory.decr_count == 0)
+            if self.backoff_divisor is None:
+                lowered = before * self.decr_ratio
+            else:
+                lowered = before / paddle.full_like(before, self.backoff_divisor)
+            lowered = paddle.maximum(lowered, paddle.full_like(before, self.min_scale))
+            paddle.assign(paddle.where(backed_off, lowered, scale), output=scale)
+        if self.min_scale > 1.0 or self.max_scale is not None:
+            kernels.clip_(scale, self.min_scale, self.max_scale or FLOAT32_MAX)
+        return acted
+
+    # -- the state dict -------------------------------------------------------------------
+
+    def memory_to_state(self, memory: Memory) -> dict[str, Any]:
+        """The memory beyond the scale and its counters, as plain Python values for the
+        state dict's ``state_key`` entry."""
+        return {key: value for key, value in memory.numbers().items() if key not in _COUNTED}
+
+    @classmethod
+    def memory_from_state(cls, value: Any, name: str) -> dict[str, Any]:
+        """``memory_to_state``'s dict, checked (``ValueError`` naming ``name``), as keyword
+        arguments of ``memory_type``."""
+        return {}
+
+
+@dataclasses.dataclass(frozen=True)
+class IntervalRule(Rule):
+    """Paddle's rule, and PyTorch's, Keras' and MindSpore's: grow after a run of finite
+    iterations, back off after a run of iterations with inf/nan::
+
+        if found:
+            incr_count = 0; decr_count += 1
+            if decr_count == decr_every_n_nan_or_inf:        # back off
+                scale = max(scale * decr_ratio, min_scale); decr_count = 0
+        else:
+            decr_count = 0; incr_count += 1
+            if incr_count == incr_every_n_steps:             # grow
+                if scale * incr_ratio is finite:
+                    scale = min(scale * incr_ratio, max_scale)
+                incr_count = 0
+
+    It is blind to the gradients: it grows every period whatever they hold. Its
+    settings are ``Rule``'s.
+    """
+
+    name: ClassVar[str] = "interval"
+
+    @property
+    def incr_count_limit(self) -> int:
+        return self.incr_every_n_steps
 
     # -- the pure form ----------------------------------------------------------------
 
@@ -154,64 +233,12 @@ class IntervalRule:
             return scale
         return grown if self.max_scale is None else min(grown, type(scale)(self.max_scale))
 
-    # -- the device form ----------------------------------------------------------------
-
     def adjust_(
         self, memory: Memory, found: Tensor, amax: Tensor | None = None, iteration: int = 0
     ) -> Tensor:
         """``adjust`` on the device tensors of ``memory``, in place, from a bool [1]
-        verdict; returns whether the rule acted, a bool [1] tensor. Nothing is read.
-
-        ``count`` and the move are Paddle's ``update_loss_scaling`` kernel, one launch: it
-        floors the scale at 1.0, backs off by multiplying, refuses a growth that would
-        overflow float32, and resets the counter of the verdict's kind exactly when it
-        acts, leaving the other at 0. So a lower ``min_scale`` or a ``backoff_divisor``
-        redoes its back-off, and a higher floor or a ``max_scale`` clips after it (no
-        operation for the defaults)."""
-        scale = memory.scale
-        redo_backoff = self.min_scale < 1.0 or self.backoff_divisor is not None
-        before = scale.clone() if redo_backoff else None
-        # The kernel zeroes its ``xs`` when found_inf is set, and refuses an empty list:
-        # the gradients were dealt with before, so it gets a stand-in.
-        kernels.C_ops.update_loss_scaling_(
-            [kernels.stand_in(scale, paddle.float32)],
-            found,
-            scale,
-            memory.incr_count,
-            memory.decr_count,
-            self.grows_every or INT32_MAX,
-            self.decr_every_n_nan_or_inf,
-            self.incr_ratio,
-            self.decr_ratio,
-            False,
-        )
-        # Both counters are 0 exactly when it acted.
-        acted = paddle.equal(memory.incr_count, memory.decr_count)
-        if before is not None:
-            # Rare settings: readability over the handful of operations they cost.
-            backed_off = paddle.logical_and(found, memory.decr_count == 0)
-            if self.backoff_divisor is None:
-                lowered = before * self.decr_ratio
-            else:
-                lowered = before / paddle.full_like(before, self.backoff_divisor)
-            lowered = paddle.maximum(lowered, paddle.full_like(before, self.min_scale))
-            paddle.assign(paddle.where(backed_off, lowered, scale), output=scale)
-        if self.min_scale > 1.0 or self.max_scale is not None:
-            kernels.clip_(scale, self.min_scale, self.max_scale or FLOAT32_MAX)
-        return acted
-
-    # -- the state dict -------------------------------------------------------------------
-
-    def memory_to_state(self, memory: Memory) -> dict[str, Any]:
-        """The memory beyond the scale and its counters, as plain Python values for the
-        state dict's ``state_key`` entry."""
-        return {key: value for key, value in memory.numbers().items() if key not in _COUNTED}
-
-    @classmethod
-    def memory_from_state(cls, value: Any, name: str) -> dict[str, Any]:
-        """``memory_to_state``'s dict, checked (``ValueError`` naming ``name``), as keyword
-        arguments of ``memory_type``."""
-        return {}
+        verdict; returns whether the rule acted, a bool [1] tensor. Nothing is read."""
+        return self._count_and_move_(memory, found)
 
 
 # The memory every rule keeps, which Paddle's own state-dict keys hold.

@@ -1,6 +1,6 @@
 """``LossScale``: a rule and its memory on the device, moved once per iteration.
 
-The streak counters follow from the verdicts alone (``IntervalRule.count``). Paddle's
+The streak counters follow from the verdicts alone (``Rule.count``). Paddle's
 optimizers read the found-inf flag they are handed and leave it behind as a Python bool,
 so in most training loops the verdict reaches the host at no cost of the scaler's. While
 it does, the counters are kept on the host, and the device is touched only in the
@@ -20,7 +20,7 @@ import paddle
 from paddle import Tensor
 
 from . import kernels, validation
-from .interval import IntervalRule, Memory
+from .interval import Memory, Rule
 from .limits import FLOAT32_MAX
 from .pickling import TensorsOnHost
 
@@ -33,7 +33,7 @@ class LossScale(TensorsOnHost):
     (``_counters``) until the rule's device form next runs.
     """
 
-    def __init__(self, rule: IntervalRule, scale: float, place: Any) -> None:
+    def __init__(self, rule: Rule, scale: float, place: Any) -> None:
         self.rule = rule
         start = rule.memory_type(np.float32(scale))
         self.memory = _on_device(start, place)
@@ -110,7 +110,7 @@ class LossScale(TensorsOnHost):
         values["incr_count"], values["decr_count"] = self._counters
         return self.rule.memory_type(**values), numbers[len(fields) :]
 
-    def load(self, rule: IntervalRule, memory: Memory) -> None:
+    def load(self, rule: Rule, memory: Memory) -> None:
         """Take ``rule``, and write host numbers into the memory, in place (the scale
         tensor stays the one Paddle's trainers may hold)."""
         self.rule = rule

@@ -29,7 +29,7 @@ from paddle.amp.auto_cast import amp_global_state
 from paddle.amp.grad_scaler import OptimizerState
 
 from . import distributed, kernels, optimizers, skipping, validation
-from .interval import IntervalRule, Memory
+from .interval import Memory, Rule
 from .kernels import Verdict
 from .loss_scale import LossScale
 from .overflow_report import OverflowEntry, recorder_for
@@ -178,7 +178,7 @@ class AmpScaler(TensorsOnHost):
         self._loss_scale.scale = scale
 
     @property
-    def _rule(self) -> IntervalRule:
+    def _rule(self) -> Rule:
         return self._loss_scale.rule
 
     # -- the training step ------------------------------------------------------------
@@ -324,7 +324,7 @@ class AmpScaler(TensorsOnHost):
         return True
 
     def _change_rule(self, **changes: Any) -> None:
-        """Change the rule's settings (fields of ``IntervalRule``, checked by the caller):
+        """Change the rule's settings (fields of ``Rule``, checked by the caller):
         the next update applies them. MindSpore's functional scaler sets
         ``backoff_divisor`` so."""
         self._loss_scale.rule = dataclasses.replace(self._rule, **changes)
@@ -475,13 +475,15 @@ class AmpScaler(TensorsOnHost):
         return self._rule.incr_every_n_steps
 
     def set_incr_every_n_steps(self, new_incr_every_n_steps: int) -> None:
-        """Set the growth period; a streak already that long grows at the next finite step."""
+        """Set the growth period; a streak already that long grows at the next finite step.
+        Under the headroom policy: how long a level that overflowed is held off."""
         name = "new_incr_every_n_steps"
         period = validation.check_period(new_incr_every_n_steps, name, integral_float=True)
         self._change_rule(incr_every_n_steps=period)
-        if self._rule.grows_every is not None:
-            incr_count, _ = self._loss_scale.counters()
-            self._loss_scale.set_counters(incr_count=min(incr_count, period - 1))
+        incr_count, _ = self._loss_scale.counters()
+        limit = self._rule.incr_count_limit
+        if incr_count >= limit:
+            self._loss_scale.set_counters(incr_count=limit - 1)
 
     def get_decr_every_n_nan_or_inf(self) -> int:
         return self._rule.decr_every_n_nan_or_inf
@@ -499,10 +501,8 @@ class AmpScaler(TensorsOnHost):
         return self._loss_scale.counters()[0]
 
     def set_incr_count(self, new_incr_count: int) -> None:
-        period = self._rule.incr_every_n_steps
-        count = validation.check_count(
-            new_incr_count, "new_incr_count", period, "incr_every_n_steps"
-        )
+        limit = self._rule.incr_count_limit
+        count = validation.check_count(new_incr_count, "new_incr_count", limit, "incr_every_n_steps")
         self._loss_scale.set_counters(incr_count=count)
 
     def get_decr_count(self) -> int:

@@ -16,8 +16,7 @@ import numpy as np
 import paddle
 
 from . import validation
-from .interval import IntervalRule, Memory
-from .limits import INT32_MAX
+from .interval import IntervalRule, Memory, Rule
 from .rules import RULES, rule_named
 from .statistics import ScalerStats, parse_stats_state
 
@@ -45,7 +44,7 @@ class SavedScaler:
 
     @classmethod
     def of(
-        cls, rule: IntervalRule, memory: Memory, stats: ScalerStats, dynamic: bool
+        cls, rule: Rule, memory: Memory, stats: ScalerStats, dynamic: bool
     ) -> SavedScaler:
         """What a scaler under ``rule`` with ``memory`` and ``stats`` saves."""
         return cls(
@@ -63,15 +62,21 @@ class SavedScaler:
             memory=rule.memory_to_state(memory),
         )
 
-    def rule_over(self, current: IntervalRule) -> IntervalRule:
+    def rule_over(self, current: Rule) -> Rule:
         """The rule this record describes, for a scaler under ``current``: the saved
         settings and bounds (the current bounds where none were saved), of the saved
         rule's type where the dict names one, else of the current one's."""
         rule_type = type(current) if self.policy is None else RULES[self.policy]
         lower, upper = self.bounds or (current.min_scale, current.max_scale)
+        # What the current rule holds beyond the saved settings, where the type has it.
+        kept = {
+            field.name: getattr(current, field.name)
+            for field in dataclasses.fields(current)
+            if field.name in {field.name for field in dataclasses.fields(rule_type)}
+        }
         return rule_type(
             **{
-                **vars(current),
+                **kept,
                 "incr_ratio": self.incr_ratio,
                 "decr_ratio": self.decr_ratio,
                 "incr_every_n_steps": self.incr_every_n_steps,
@@ -93,7 +98,7 @@ class SavedScaler:
             )
         return clamped
 
-    def memory_at(self, rule: IntervalRule, scale: float) -> Memory:
+    def memory_at(self, rule: Rule, scale: float) -> Memory:
         """The saved memory for ``rule``, at ``scale``; the rule's memory starts afresh
         where the dict has none of its own."""
         return rule.memory_type(
@@ -172,7 +177,7 @@ def _parsed(state_dict: Mapping[str, Any]) -> SavedScaler:
     policy = _policy_in(state_dict)
     rule = RULES[policy or IntervalRule.name]
     # A rule that does not grow by the counters counts finite iterations past the period.
-    counted_up_to = rule(incr_every_n_steps=incr_every_n_steps).grows_every or INT32_MAX
+    counted_up_to = rule(incr_every_n_steps=incr_every_n_steps).incr_count_limit
     memory = None
     if rule.state_key is not None:
         name = f"state_dict[{rule.state_key!r}]"
