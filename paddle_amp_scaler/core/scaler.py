@@ -502,7 +502,9 @@ class AmpScaler(TensorsOnHost):
 
     def set_incr_count(self, new_incr_count: int) -> None:
         limit = self._rule.incr_count_limit
-        count = validation.check_count(new_incr_count, "new_incr_count", limit, "incr_every_n_steps")
+        count = validation.check_count(
+            new_incr_count, "new_incr_count", limit, "incr_every_n_steps"
+        )
         self._loss_scale.set_counters(incr_count=count)
 
     def get_decr_count(self) -> int:

@@ -43,9 +43,7 @@ class SavedScaler:
     memory: dict[str, Any] | None = None
 
     @classmethod
-    def of(
-        cls, rule: Rule, memory: Memory, stats: ScalerStats, dynamic: bool
-    ) -> SavedScaler:
+    def of(cls, rule: Rule, memory: Memory, stats: ScalerStats, dynamic: bool) -> SavedScaler:
         """What a scaler under ``rule`` with ``memory`` and ``stats`` saves."""
         return cls(
             scale=float(memory.scale),
