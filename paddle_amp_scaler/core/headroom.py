@@ -115,12 +115,6 @@ class HeadroomRule(Rule):
     calibration_stride: int = 8
     measure_every: int = 64
 
-    def __post_init__(self) -> None:
-        # The device copies of each measured iteration's numbers, made once per place and
-        # kind of iteration: on a GPU a copy from the host waits for it. Not a field, so
-        # that a copied or pickled rule makes its own where it runs.
-        object.__setattr__(self, "_on_device", {})
-
     def measures(self, iteration: int) -> bool:
         return iteration <= self.calibration_iterations or iteration % self.measure_every == 0
 
@@ -190,11 +184,14 @@ class HeadroomRule(Rule):
         else:
             previous = (iteration - 1) // self.measure_every * self.measure_every
             since = iteration - max(previous, self.calibration_iterations)
-        key = (since, calibrating, str(place))
-        cache = self.__dict__["_on_device"]
-        if key not in cache:
-            cache[key] = _MeasuredIteration(self, since, calibrating, place)
-        return cast(_MeasuredIteration, cache[key])
+        return cast(
+            _MeasuredIteration,
+            self._kept(
+                (since, calibrating),
+                place,
+                lambda: _MeasuredIteration(self, since, calibrating, place),
+            ),
+        )
 
     # -- the state dict -------------------------------------------------------------------
 

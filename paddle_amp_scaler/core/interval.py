@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import numpy as np
 import paddle
@@ -86,6 +86,32 @@ class Rule:
     max_scale: float | None = None
     backoff_divisor: float | None = None
 
+    def __post_init__(self) -> None:
+        # What the rule keeps on each device it runs on, made once per place (on a GPU a
+        # copy from the host waits for it). Not a field: a copied or pickled rule makes
+        # its own where it runs.
+        object.__setattr__(self, "_on_device", {})
+
+    def _kept(self, key: Any, place: Any, make: Callable[[], Any]) -> Any:
+        """What the rule keeps under ``key`` on ``place``, made by ``make`` the first time."""
+        kept = self.__dict__["_on_device"]
+        if (key, str(place)) not in kept:
+            kept[key, str(place)] = make()
+        return kept[key, str(place)]
+
+    def stand_in(self, place: Any, dtype: Any) -> Tensor:
+        """A [1] zero of ``dtype`` on ``place``, the rule's own, for a kernel argument whose
+        value does not matter (``update_loss_scaling``'s ``xs``, which it zeroes on an
+        overflow, and the scale and counters it leaves alone with ``stop_update``)."""
+        return cast(
+            Tensor,
+            self._kept(
+                ("stand-in", str(dtype)),
+                place,
+                lambda: paddle.to_tensor([0], dtype=dtype, place=place),
+            ),
+        )
+
     @property
     def incr_count_limit(self) -> int:
         """``incr_count`` stays below it: the period of a rule that grows by the counters."""
@@ -133,7 +159,7 @@ class Rule:
         # The kernel zeroes its ``xs`` when found_inf is set, and refuses an empty list:
         # the gradients were dealt with before, so it gets a stand-in.
         kernels.C_ops.update_loss_scaling_(
-            [kernels.stand_in(scale, paddle.float32)],
+            [self.stand_in(scale.place, paddle.float32)],
             found,
             scale,
             memory.incr_count,

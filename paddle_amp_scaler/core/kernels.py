@@ -31,7 +31,7 @@ Facts kept here:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
@@ -91,15 +91,18 @@ def unscale_and_check_(
     return Verdict(any_of(flags) if flags else all_finite, amax=amax)
 
 
-def zero_if_found_(grads: Sequence[Tensor | None], found_inf: Tensor) -> None:
+def zero_if_found_(
+    grads: Sequence[Tensor | None], found_inf: Tensor, stand_in: Callable[[Any], Tensor]
+) -> None:
     """Set every gradient (None for a missing one) to zero when ``found_inf`` holds, decided
-    on the device: one launch per dtype group."""
+    on the device: one launch per dtype group. ``stand_in(dtype)``: a [1] tensor of that
+    dtype for the kernel's arguments that do not matter here."""
     found_inf = local(found_inf)
     for dtype, group in grads_by_dtype_of(grads).items():
         # With stop_update=True the kernel only zeroes; it wants a scale of the group's
         # compute dtype and counters all the same.
-        scale = stand_in(found_inf, paddle.float64 if dtype == paddle.float64 else paddle.float32)
-        counter = stand_in(found_inf, paddle.int32)
+        scale = stand_in(paddle.float64 if dtype == paddle.float64 else paddle.float32)
+        counter = stand_in(paddle.int32)
         C_ops.update_loss_scaling_(group, found_inf, scale, counter, counter, 1, 1, 2.0, 0.5, True)
 
 
@@ -234,15 +237,3 @@ def shard_held(grad: Tensor) -> Tensor | None:
     lives on a mesh without it, as a pipeline stage's do on the other stages' ranks)."""
     held = grad._local_value()
     return held if held._is_initialized() else None
-
-
-_stand_ins: dict[tuple[str, str], Tensor] = {}
-
-
-def stand_in(beside: Tensor, dtype: Any) -> Tensor:
-    """A [1] tensor of zero on ``beside``'s place, for a kernel argument whose value does
-    not matter; made once per place and dtype, and never written by the caller."""
-    key = (str(beside.place), str(dtype))
-    if key not in _stand_ins:
-        _stand_ins[key] = paddle.to_tensor([0], dtype=dtype, place=beside.place)
-    return _stand_ins[key]

@@ -164,6 +164,8 @@ class AmpScaler(TensorsOnHost):
         self._stuck_policy = StuckPolicy(stuck_after, on_stuck)
         self._overflows = recorder_for(report_overflows)
         self._sync = distributed.FoundInfSync(group, sync_found_inf)
+        # The optimizer types whose host read of the flag was logged (once each).
+        self._noted_types: set[type] = set()
 
     # What a repr leaves out: each option at the value the constructor gives it by default.
     _option_defaults = validation.keyword_defaults(__init__)
@@ -268,7 +270,9 @@ class AmpScaler(TensorsOnHost):
                 del self._optimizer_states[id(optimizer)]
                 raise
         verdict = cast(Verdict, record.verdict)  # every unscale leaves one
-        skip = skipping.choose(optimizer, verdict, record.params, record.grads)
+        skip = skipping.choose(
+            optimizer, verdict, record.params, record.grads, self._rule, self._noted_types
+        )
         result, on_host = skip.step(run_step, verdict)
         if on_host is not None:
             verdict = record.verdict = dataclasses.replace(verdict, on_host=on_host)
@@ -601,7 +605,8 @@ class AmpScaler(TensorsOnHost):
                 "unscale_() or step(): call scaler.update() first"
             )
         self._run.count_pending()
-        return super().__getstate__()
+        # The optimizer types already noted stay behind: a class may not pickle.
+        return {**super().__getstate__(), "_noted_types": set()}
 
     def __repr__(self) -> str:
         """The scale, counters, ratios and periods (reads the device), then each option

@@ -18,6 +18,7 @@ import paddle
 from paddle import Tensor
 
 from . import kernels, optimizers
+from .interval import Rule
 from .kernels import Verdict
 
 logger = logging.getLogger("paddle_amp_scaler")
@@ -56,13 +57,18 @@ class DecidedOnHost(Strategy):
 class ZeroGradients(Strategy):
     """Plain SGD with nothing that turns a zero gradient into another value: zeroing the
     gradients on the device when inf/nan was found makes its step ``p - lr * 0 == p``,
-    with no read at all (``zero_grads_make_no_update`` says when)."""
+    with no read at all (``zero_grads_make_no_update`` says when). The kernel's other
+    arguments are ``rule``'s stand-ins."""
 
     optimizer: Any
     grads: list[Tensor | None]
+    rule: Rule
 
     def step(self, run_step: Callable[[], Any], verdict: Verdict) -> Stepped:
-        kernels.zero_if_found_(self.grads, verdict.flag)
+        place = verdict.flag.place
+        kernels.zero_if_found_(
+            self.grads, verdict.flag, lambda dtype: self.rule.stand_in(place, dtype)
+        )
         # A flag left over from another scaler would make Paddle read it.
         self.optimizer._set_auxiliary_var("found_inf", None)
         return run_step(), None
@@ -103,19 +109,30 @@ def choose(
     verdict: Verdict,
     params: list[Any] | None,
     grads: list[Tensor | None] | None,
+    rule: Rule,
+    noted: set[type],
 ) -> Strategy:
     """The way to skip ``optimizer``'s step on ``verdict``; ``params`` and ``grads`` are
-    what was unscaled and checked (None where a replaced ``_unscale`` did that)."""
+    what was unscaled and checked (None where a replaced ``_unscale`` did that). ``rule``
+    lends its stand-ins; ``noted``: the optimizer types whose host read was logged."""
     if verdict.on_host is not None:
         return DecidedOnHost()
     if zero_grads_make_no_update(optimizer, params):
         if grads is None:
             grads = optimizers.grads_of(optimizers.parameters_of(optimizer))
-        return ZeroGradients(optimizer, grads)
+        return ZeroGradients(optimizer, grads, rule)
     taker = flag_taker(optimizer)
     if taker is not None:
         return OptimizerReadsFlag(taker)
-    _note_host_read(type(optimizer))
+    if type(optimizer) not in noted:
+        # Once per optimizer class and scaler: the cost is per step, the news is not.
+        noted.add(type(optimizer))
+        logger.info(
+            "%s takes no found-inf flag (no _set_auxiliary_var, nor an inner Paddle "
+            "optimizer that has one): the scaler reads the flag on the host before each "
+            "step, a device sync on GPU",
+            type(optimizer).__qualname__,
+        )
     return ReadOnHost()
 
 
@@ -162,19 +179,3 @@ def zero_grads_make_no_update(optimizer: Any, params: list[Any] | None = None) -
 
 def _keeps_zero(clip: Any) -> bool:
     return clip is None or type(clip) in _CLIPS_THAT_KEEP_ZERO
-
-
-_noted_types: set[type] = set()
-
-
-def _note_host_read(optimizer_type: type) -> None:
-    # Once per optimizer class: the cost is per step, the news is not.
-    if optimizer_type in _noted_types:
-        return
-    _noted_types.add(optimizer_type)
-    logger.info(
-        "%s takes no found-inf flag (no _set_auxiliary_var, nor an inner Paddle optimizer "
-        "that has one): the scaler reads the flag on the host before each step, a device "
-        "sync on GPU",
-        optimizer_type.__qualname__,
-    )
