@@ -26,8 +26,7 @@ from .checkpoint import CheckpointError, load_checkpoint, read_checkpoint, save_
 from .compat.keras import LossScaleOptimizer
 from .core.overflow_report import OverflowEntry
 from .core.scaler import AmpScaler, GradScaler
-from .core.statistics import ScalerStats
-from .core.stuck import LossScaleStuckError
+from .core.statistics import LossScaleStuckError, ScalerStats
 from .core.validation import UnknownArgumentError
 from .install import install, uninstall
 

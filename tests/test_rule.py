@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from paddle_amp_scaler.core.headroom import HeadroomMemory, HeadroomRule
 from paddle_amp_scaler.core.interval import IntervalRule, Memory
-from paddle_amp_scaler.core.limits import FLOAT16_MAX, FLOAT32_MAX
 from paddle_amp_scaler.core.loss_scale import LossScale
+from paddle_amp_scaler.core.validation import FLOAT16_MAX, FLOAT32_MAX
 
 from reference_rule import headroom_adjust, reference_adjust
 

@@ -22,7 +22,7 @@ from paddle import Tensor
 from . import validation
 from .interval import Memory, Rule
 from .kernels import C_ops
-from .limits import FLOAT16_MAX, FLOAT32_MAX, INT32_MAX
+from .validation import FLOAT16_MAX, FLOAT32_MAX, INT32_MAX
 
 # "Never grew", as an iteration number (an int32 on the device).
 NEVER = -(2**30)

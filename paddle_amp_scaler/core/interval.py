@@ -23,7 +23,7 @@ import paddle
 from paddle import Tensor
 
 from . import kernels
-from .limits import FLOAT32_MAX, INT32_MAX
+from .validation import FLOAT32_MAX, INT32_MAX
 
 
 @dataclasses.dataclass(frozen=True)

@@ -21,8 +21,8 @@ from paddle import Tensor
 
 from . import kernels, validation
 from .interval import Memory, Rule
-from .limits import FLOAT32_MAX
 from .pickling import TensorsOnHost
+from .validation import FLOAT32_MAX
 
 
 class LossScale(TensorsOnHost):

@@ -2,7 +2,7 @@
 
 One step visits each stage once, in order, each in a module of its own: what to step
 (``optimizers``: parameters and gradients), unscale and check (``kernels``), agree across
-ranks (``distributed``), step or skip (``skipping``), and at the iteration's end the
+ranks (``distributed``), step or skip (``optimizers``), and at the iteration's end the
 rule (``loss_scale``, ``interval``, ``headroom``) and the count (``statistics``).
 
 Other modules reach the scaler through three doors, and no other (a test reads their
@@ -28,17 +28,15 @@ from paddle import Tensor
 from paddle.amp.auto_cast import amp_global_state
 from paddle.amp.grad_scaler import OptimizerState
 
-from . import distributed, kernels, optimizers, skipping, validation
+from . import distributed, kernels, optimizers, validation
 from .interval import Memory, Rule
 from .kernels import Verdict
 from .loss_scale import LossScale
+from .optimizers import OptimizerRecord
 from .overflow_report import OverflowEntry, recorder_for
 from .pickling import TensorsOnHost
-from .records import OptimizerRecord
-from .rules import rule_named
-from .state_dict import SavedScaler, parse_state_dict
-from .statistics import RunStatistics, ScalerStats
-from .stuck import OnStuck, StuckPolicy
+from .state_dict import SavedScaler, parse_state_dict, rule_named
+from .statistics import OnStuck, RunStatistics, ScalerStats, StuckPolicy
 
 # Paddle's private fields that its trainers and distributed wrappers use, kept with
 # Paddle's meaning (API.md, "Drop-in").
@@ -270,7 +268,7 @@ class AmpScaler(TensorsOnHost):
                 del self._optimizer_states[id(optimizer)]
                 raise
         verdict = cast(Verdict, record.verdict)  # every unscale leaves one
-        skip = skipping.choose(
+        skip = optimizers.choose(
             optimizer, verdict, record.params, record.grads, self._rule, self._noted_types
         )
         result, on_host = skip.step(run_step, verdict)
@@ -279,7 +277,7 @@ class AmpScaler(TensorsOnHost):
         record.stage = OptimizerState.STEPPED
         self._found_inf = verdict.flag
         self._cache_found_inf = verdict.flag if verdict.on_host is None else verdict.on_host
-        return skipped if result is skipping.SKIPPED else result
+        return skipped if result is optimizers.SKIPPED else result
 
     def _end_iteration(
         self, *, found: Tensor | None = None, new_scale: float | Tensor | None = None

@@ -16,9 +16,18 @@ import numpy as np
 import paddle
 
 from . import validation
+from .headroom import HeadroomRule
 from .interval import IntervalRule, Memory, Rule
-from .rules import RULES, rule_named
 from .statistics import ScalerStats, parse_stats_state
+
+# The rules by name: the one place where ``policy="headroom"`` becomes a type; past the
+# constructor and the state dict, the rule itself answers.
+RULES: dict[str, type[Rule]] = {rule.name: rule for rule in (IntervalRule, HeadroomRule)}
+
+
+def rule_named(name: object, argument: str = "policy") -> type[Rule]:
+    """The rule type called ``name``; ``ValueError`` naming ``argument`` and the names."""
+    return RULES[validation.check_choice(name, argument, tuple(RULES))]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,7 +1,11 @@
-"""Argument checks shared by the constructors, the setters and ``load_state_dict``.
+"""Argument checks shared by the constructors, the setters and ``load_state_dict``, and
+the limits of the numbers a scaler keeps, each written once.
 
-Each returns the value normalised to a plain Python type, or raises ``TypeError``
-(wrong kind of value) or ``ValueError`` (out of range) naming the argument.
+Each check returns the value normalised to a plain Python type, or raises ``TypeError``
+(wrong kind of value) or ``ValueError`` (out of range) naming the argument. The scale
+lives in float32 on the device and its streak counters in int32, the types of Paddle's
+``update_loss_scaling`` kernel, whose periods are C int attributes; gradients in float16
+turn into inf above float16's largest value.
 """
 
 from __future__ import annotations
@@ -16,7 +20,9 @@ from typing import Any, TypeVar, cast
 
 import numpy as np
 
-from .limits import FLOAT32_MAX, INT32_MAX
+FLOAT16_MAX = float(np.finfo(np.float16).max)  # 65504
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+INT32_MAX = int(np.iinfo(np.int32).max)
 
 
 def _real(value: Any, name: str) -> float:

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import paddle
 
-from ..core.limits import FLOAT16_MAX
+from ..core.validation import FLOAT16_MAX
 from .counters import HostReadCounter as HostReadCounter
 from .counters import OperationCounter as OperationCounter
 
