@@ -48,13 +48,18 @@ def threading_env() -> dict:
 # Taken before importing Paddle, which sets OMP_NUM_THREADS=1 when it is unset.
 THREADING_ENV_AT_START = threading_env()
 
+# The tests' instruments (tests/counters.py), beside the benchmarks.
+sys.path.insert(
+    0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests")
+)
+
 import paddle  # noqa: E402
+from counters import HostReadCounter  # noqa: E402
 from paddle.amp import grad_scaler as paddle_grad_scaler  # noqa: E402
 from paddle.amp.auto_cast import amp_global_state  # noqa: E402
 
 import paddle_amp_scaler  # noqa: E402
 from paddle_amp_scaler.core.statistics import RunStatistics  # noqa: E402
-from paddle_amp_scaler.testing import HostReadCounter  # noqa: E402
 
 import figures  # noqa: E402  (benchmarks/figures.py, beside this script)
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import os
 import sys
 import warnings
 
@@ -26,12 +27,17 @@ warnings.filterwarnings("ignore", message="No ccache found")
 # The stubbed optimizers hold float16 parameters on purpose; they update nothing.
 warnings.filterwarnings("ignore", message="Accumulating with FP16")
 
+# The tests' instruments (tests/counters.py), beside the benchmarks.
+sys.path.insert(
+    0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests")
+)
+
 import paddle  # noqa: E402
+from counters import HostReadCounter, OperationCounter  # noqa: E402
 from paddle.amp.auto_cast import amp_global_state  # noqa: E402
 
 import paddle_amp_scaler  # noqa: E402
 from paddle_amp_scaler.core import headroom, statistics  # noqa: E402
-from paddle_amp_scaler.testing import HostReadCounter, OperationCounter  # noqa: E402
 
 import bench_scaler  # noqa: E402  (beside this script)
 

@@ -23,6 +23,7 @@ import types
 import numpy as np
 import paddle
 import paddle.distributed as dist
+from counters import HostReadCounter
 
 import paddle_amp_scaler
 from paddle_amp_scaler import (
@@ -34,7 +35,6 @@ from paddle_amp_scaler import (
 )
 from paddle_amp_scaler.compat.mindspore import DynamicLossScaler, all_finite
 from paddle_amp_scaler.compat.torch import GradScaler as TorchGradScaler
-from paddle_amp_scaler.testing.counters import HostReadCounter
 
 STEPS = 6
 INF_STEP = 3  # the step (0-based) on which rank 0, and only it, meets an inf

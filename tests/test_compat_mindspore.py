@@ -27,6 +27,7 @@ import warnings
 import numpy as np
 import paddle
 import pytest
+from counters import HostReadCounter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -38,7 +39,6 @@ from paddle_amp_scaler.compat.mindspore import (
     StaticLossScaler,
     all_finite,
 )
-from paddle_amp_scaler.testing import HostReadCounter
 
 from helpers import (
     GradInjector,

@@ -12,12 +12,12 @@ import warnings
 import numpy as np
 import paddle
 import pytest
+from counters import HostReadCounter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from paddle_amp_scaler import GradScaler as PaddleStyleGradScaler
 from paddle_amp_scaler.compat.torch import GradScaler
-from paddle_amp_scaler.testing import HostReadCounter
 
 from helpers import (
     GradInjector,

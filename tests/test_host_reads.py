@@ -5,9 +5,9 @@ import math
 
 import paddle
 import pytest
+from counters import HostReadCounter
 
 from paddle_amp_scaler import AmpScaler, GradScaler
-from paddle_amp_scaler.testing import HostReadCounter
 
 from helpers import GradInjector, batches, loss_of, make_model
 from test_training_equivalence import OPTIMIZERS

@@ -8,11 +8,12 @@ import os
 import numpy as np
 import paddle
 import pytest
+from counters import HostReadCounter
 
 import paddle_amp_scaler
 from paddle_amp_scaler import GradScaler
 from paddle_amp_scaler.integrations import ScalerCallback, ScalerTrainerCallback, log_stats
-from paddle_amp_scaler.testing import HostReadCounter, emulate_fp16_grads
+from paddle_amp_scaler.testing import emulate_fp16_grads
 
 from helpers import GradInjector, batches, make_model, paddle_oracle, train_step
 

@@ -14,6 +14,7 @@ import warnings
 import numpy as np
 import paddle
 import pytest
+from counters import HostReadCounter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -24,7 +25,6 @@ from paddle_amp_scaler import (
     load_checkpoint,
     save_checkpoint,
 )
-from paddle_amp_scaler.testing import HostReadCounter
 
 from helpers import (
     GradInjector,

@@ -8,9 +8,9 @@ import math
 import numpy as np
 import paddle
 import pytest
+from counters import HostReadCounter
 
 from paddle_amp_scaler import AmpScaler, GradScaler, OverflowEntry
-from paddle_amp_scaler.testing import HostReadCounter
 
 
 def model_of_seven():

@@ -408,7 +408,7 @@ def test_loss_scale_follows_adjust_whether_verdicts_come_on_the_host_or_the_devi
 
 
 def test_verdicts_on_the_host_cost_no_device_operation_until_the_rule_acts():
-    from paddle_amp_scaler.testing import OperationCounter
+    from counters import OperationCounter
 
     loss_scale = LossScale(IntervalRule(incr_every_n_steps=5), 1024.0, "cpu")
     quiet, acting = OperationCounter(), OperationCounter()

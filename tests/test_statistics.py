@@ -11,6 +11,7 @@ import warnings
 
 import paddle
 import pytest
+from counters import HostReadCounter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -22,7 +23,6 @@ from paddle_amp_scaler import (
     load_checkpoint,
     save_checkpoint,
 )
-from paddle_amp_scaler.testing import HostReadCounter
 
 from reference_rule import ReferenceScaler
 

@@ -4,8 +4,7 @@ fp16 emulation: a float32 model that computes with float16's range and precision
 where Paddle's CPU build runs no float16 matmul (``emulate_fp16_grads``,
 ``round_linear_layers``, ``round_through_float16``), and its census: where the gradients
 it rounds land in float16's range (``UnderflowCensus``, ``count_float16_range``). One idea
-in one module: the census counts at the tensors the emulation rounds. ``counters``: what
-a step costs on a GPU, counted anywhere (``HostReadCounter``, ``OperationCounter``).
+in one module: the census counts at the tensors the emulation rounds.
 """
 
 from __future__ import annotations
@@ -19,8 +18,6 @@ import numpy as np
 import paddle
 
 from ..core.validation import FLOAT16_MAX
-from .counters import HostReadCounter as HostReadCounter
-from .counters import OperationCounter as OperationCounter
 
 # Where float32 magnitudes land in float16, rounding to nearest, ties to even: at most
 # half the smallest subnormal (2**-25, a tie that goes to the even 0) flushes to zero;

@@ -1,5 +1,7 @@
 """What a step costs on a GPU, counted on any machine: its reads of tensors back to the
-host (device syncs) and its Paddle operations (kernel launches)."""
+host (device syncs) and its Paddle operations (kernel launches). Instruments of the tests
+and the benchmarks, not of the package: they patch ``paddle.Tensor`` and read stack
+frames."""
 
 from __future__ import annotations
 
@@ -14,9 +16,10 @@ from unittest import mock
 import paddle
 from paddle import profiler
 
-# The package's folder, not this subpackage's: a read by any module of the package is
-# the scaler's.
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+import paddle_amp_scaler
+
+# The package's folder: a read by any module of the package is the scaler's.
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(paddle_amp_scaler.__file__))
 _PADDLE_DIR = os.path.dirname(os.path.abspath(paddle.__file__))
 
 _READ_METHODS = (
