@@ -13,7 +13,7 @@ import sys
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCHMARKS = os.path.join(REPO, "benchmarks")
 SCRIPT = os.path.join(BENCHMARKS, "bench_scaler.py")
-IMPLS = ["none", "native-step", "native-minimize", "ours-step", "ours-minimize"]
+IMPLS = ["none", "bare-kernels", "native-step", "native-minimize", "ours-step", "ours-minimize"]
 BEFORE_IMPLS = ["before-step", "before-minimize"]
 ORIGINS = ["scaler", "paddle", "other"]
 OPTION_ROWS = [
@@ -80,11 +80,15 @@ def test_quick_benchmark_reports_every_figure(tmp_path):
         flag_reads = 1 if run["optimizer"] == "adamw" else 0
         assert impls["ours-step"]["host_reads"]["paddle"] == flag_reads
         assert impls["native-step"]["host_reads"]["paddle"] == 1
+        # The floor reads nothing but what the optimizer reads of the flag it is handed.
+        assert impls["bare-kernels"]["host_reads"] == {"scaler": 0, "paddle": 1, "other": 0}
         for kind, native in (
             ("step", "native-step"),
             ("minimize", "native-minimize"),
             ("before step", "native-step"),
             ("before minimize", "native-minimize"),
+            ("step over the floor", "bare-kernels"),
+            ("Paddle's step over the floor", "bare-kernels"),
         ):
             # A ratio is left out only where Paddle's overhead is lost in the noise, which
             # a quick run on a busy machine can see.
@@ -93,6 +97,8 @@ def test_quick_benchmark_reports_every_figure(tmp_path):
             assert (ratio is None) if lost else is_finite(ratio), (run["workload"], kind, run)
     summary = result.stdout.split("== summary")[1]
     assert summary.count("(target <= 1.0)") == 2 * len(runs), summary
+    assert summary.count("ours-step / bare-kernels overhead") == len(runs), summary
+    assert summary.count("(target <= 1.1)") >= len(runs), summary
     assert summary.count("ours-step[headroom] / ours-step per-step time") == len(runs)
     assert figure_path.read_bytes()[:8] == PNG
 

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from paddle_amp_scaler.core.headroom import HeadroomMemory, HeadroomRule
 from paddle_amp_scaler.core.interval import IntervalRule, Memory
 from paddle_amp_scaler.core.loss_scale import LossScale
+from paddle_amp_scaler.core.optimizers import Verdict
 from paddle_amp_scaler.core.validation import FLOAT16_MAX, FLOAT32_MAX
 
 from reference_rule import headroom_adjust, reference_adjust
@@ -387,12 +388,12 @@ def test_loss_scale_follows_adjust_whether_verdicts_come_on_the_host_or_the_devi
     expected = rule.memory_type(np.float32(start))
     for iteration, (found, on_host, amax) in enumerate(steps, start=1):
         amax = amax if rule.measures(iteration) else None
-        verdict = found if on_host else paddle.to_tensor([found])
-        acted = loss_scale.advance(
-            verdict,
-            None if amax is None else paddle.to_tensor([amax], dtype="float32"),
-            iteration,
-        )
+        measured = None if amax is None else paddle.to_tensor([amax], dtype="float32")
+        if on_host:
+            verdict = Verdict(None, found, measured)
+        else:
+            verdict = Verdict(paddle.to_tensor([found]), amax=measured)
+        acted = loss_scale.advance(verdict, iteration)
         expected, expected_acted = reference_adjust(rule, expected, found, amax, iteration)
         acted = acted if isinstance(acted, bool) else bool(acted.numpy()[0])
         assert acted == expected_acted, f"iteration {iteration}"
@@ -402,7 +403,7 @@ def test_loss_scale_follows_adjust_whether_verdicts_come_on_the_host_or_the_devi
         assert loss_scale.scale.numpy()[0] == expected.scale
     # A verdict known on the device only brings the device's counters up to date first.
     iteration = len(steps) + 1
-    loss_scale.advance(paddle.to_tensor([False]), None, iteration)
+    loss_scale.advance(Verdict(paddle.to_tensor([False])), iteration)
     expected, _ = reference_adjust(rule, expected, False, None, iteration)
     assert read(loss_scale.memory) == expected
 
@@ -414,8 +415,8 @@ def test_verdicts_on_the_host_cost_no_device_operation_until_the_rule_acts():
     quiet, acting = OperationCounter(), OperationCounter()
     with quiet.counting():
         for iteration in range(1, 5):
-            assert loss_scale.advance(False, None, iteration) is False
+            assert loss_scale.advance(Verdict(None, False), iteration) is False
     with acting.counting():
-        assert loss_scale.advance(False, None, 5) is True
+        assert loss_scale.advance(Verdict(None, False), 5) is True
     assert quiet.total() == 0, quiet.operations
     assert acting.total() > 0 and loss_scale.scale.numpy()[0] == 2048.0

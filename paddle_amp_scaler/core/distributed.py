@@ -26,7 +26,6 @@ from paddle import Tensor
 from paddle.distributed.communication.group import Group
 
 from . import validation
-from .kernels import Verdict
 
 
 class RankZeroOnly(logging.Filter):
@@ -64,11 +63,13 @@ class FoundInfSync:
         has run."""
         return self.enabled and spans_ranks(self.group)
 
-    def agree(self, verdict: Verdict, mesh: Any = None) -> Verdict:
-        """``verdict`` OR-ed over the group's ranks, and its amax (where measured) the
-        largest over them, on the device, no read, in one collective; ``verdict`` itself
-        when no reduction is due. A reduced verdict is known on the device only: another
-        rank's gradients may have overflowed.
+    def agree(
+        self, flag: Tensor, amax: Tensor | None, mesh: Any = None
+    ) -> tuple[Tensor, Tensor | None]:
+        """An unscale's found-inf ``flag`` OR-ed over the group's ranks, and its ``amax``
+        (where measured) the largest over them, on the device, no read, in one
+        collective; both as they are when no reduction is due. A reduced flag is known on
+        the device only: another rank's gradients may have overflowed.
 
         ``mesh``: the process mesh of the unscale's dist gradients (``mesh_of``), whose
         ranks then agree, rather than ``group``'s.
@@ -77,15 +78,13 @@ class FoundInfSync:
         gradients: the scaler calls it once per unscale, gradients or none.
         """
         if not self._reduces(mesh):
-            return verdict
-        if verdict.amax is None:
+            return flag, amax
+        if amax is None:
             # Collectives take no bool: as int32, MAX over ranks is OR.
-            flag = self.largest(verdict.flag.astype(paddle.int32), mesh)
-            return Verdict(flag.astype(paddle.bool))
+            return self.largest(flag.astype(paddle.int32), mesh).astype(paddle.bool), None
         # The flag rides beside the amax as 0.0 or 1.0: MAX of both in one reduction.
-        both = paddle.concat([verdict.flag.astype(paddle.float32), verdict.amax])
-        both = self.largest(both, mesh)
-        return Verdict(both[:1] > 0, amax=both[1:])
+        both = self.largest(paddle.concat([flag.astype(paddle.float32), amax]), mesh)
+        return both[:1] > 0, both[1:]
 
     def largest(self, values: Tensor, mesh: Any = None) -> Tensor:
         """``values``' elementwise largest over the ranks of ``mesh`` (else of ``group``),

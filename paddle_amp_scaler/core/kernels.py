@@ -1,4 +1,4 @@
-"""Paddle's AMP kernels as the scaler uses them, and what one unscale found (``Verdict``).
+"""Paddle's AMP kernels as the scaler uses them.
 
 Every function here but ``read_numbers`` queues work on the device and returns without
 waiting for it: nothing reads a tensor back to the host.
@@ -30,7 +30,6 @@ Facts kept here:
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
@@ -50,36 +49,16 @@ C_ops: Any = paddle._C_ops
 GradGroups = dict[Any, list[Tensor]]
 
 
-@dataclasses.dataclass(frozen=True)
-class Verdict:
-    """Whether an unscale found inf/nan: a bool [1] ``flag`` on the device, and the same
-    as a host bool where it reached the host at no cost (an optimizer that read its flag
-    leaves it behind as one), else None. ``amax``: where the unscale measured it, the
-    largest magnitude among the gradients as they came, float32 [1] on the device
-    (meaningful only where nothing was found)."""
-
-    flag: Tensor
-    on_host: bool | None = None
-    amax: Tensor | None = None
-
-    @staticmethod
-    def joined(verdicts: Sequence[Verdict]) -> bool | Tensor:
-        """Whether any of ``verdicts`` found inf/nan: a host bool where each is known
-        there, else a bool [1] tensor."""
-        if all(verdict.on_host is not None for verdict in verdicts):
-            return any(verdict.on_host for verdict in verdicts)
-        return any_of([verdict.flag for verdict in verdicts])
-
-
 def unscale_and_check_(
     grads: Sequence[Tensor | None], scale: Tensor, all_finite: Tensor, *, measure: bool = False
-) -> Verdict:
+) -> tuple[Tensor, Tensor | None]:
     """Multiply ``grads`` (any dtypes, None for a missing one) in place by 1/scale and check
-    them for inf/nan: one launch per dtype group, however many tensors. ``all_finite`` is
-    the flag when there is nothing to check. With ``measure``, the verdict also carries
-    the largest magnitude among the grads as they came (NaN is passed over, inf is not):
-    one operation more per gradient. Of a sharded gradient, this rank's shard is checked
-    and measured: the ranks agree on the verdict afterwards."""
+    them for inf/nan: one launch per dtype group, however many tensors. Returns the
+    found-inf flag, a bool [1] tensor (``all_finite`` when there is nothing to check),
+    and with ``measure`` the largest magnitude among the grads as they came (NaN is
+    passed over, inf is not: one operation more per gradient), else None. Of a sharded
+    gradient, this rank's shard is checked and measured: the ranks agree on the verdict
+    afterwards."""
     groups = grads_by_dtype_of(grads)
     scale = local(scale)
     # Measured first: the unscale below writes the gradients in place.
@@ -88,7 +67,7 @@ def unscale_and_check_(
         C_ops.check_finite_and_unscale_(group, _scale_for(dtype, scale))[1]
         for dtype, group in groups.items()
     ]
-    return Verdict(any_of(flags) if flags else all_finite, amax=amax)
+    return (any_of(flags) if flags else all_finite), amax
 
 
 def zero_if_found_(

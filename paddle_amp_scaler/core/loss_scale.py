@@ -21,6 +21,7 @@ from paddle import Tensor
 
 from . import kernels, validation
 from .interval import Memory, Rule
+from .optimizers import Verdict
 from .pickling import TensorsOnHost
 from .validation import FLOAT32_MAX
 
@@ -50,28 +51,36 @@ class LossScale(TensorsOnHost):
     def scale(self, scale: Tensor) -> None:
         self.memory = dataclasses.replace(self.memory, scale=scale)
 
-    def advance(self, found: bool | Tensor, amax: Tensor | None, iteration: int) -> bool | Tensor:
+    def advance(self, verdict: Verdict, iteration: int) -> bool | Tensor:
         """Move the memory by the rule after ``iteration`` (1-based), from its verdict
-        (a host bool, or a bool [1] tensor) and, where it was measured, its amax; return
-        whether the rule acted (grew or backed off), a bool or a bool [1] tensor."""
-        counted = None
-        if isinstance(found, bool) and self._counters is not None:
-            counted = self.rule.count(*self._counters, found)
-            incr_count, decr_count, acts = counted
-            if not acts and amax is None:
-                self._counters, self._counters_on_device = (incr_count, decr_count), False
-                return False
-        self._write_counters()
-        if isinstance(found, bool):
-            flag = paddle.full_like(self.memory.incr_count, found, dtype=paddle.bool)
-        else:
-            flag = kernels.local(found)
-        acted = self.rule.adjust_(self._local_memory(), flag, amax, iteration)
-        # The device form moved the counters as ``count`` did.
-        self._counters = None if counted is None else counted[:2]
-        if counted is not None and amax is None:
-            return counted[2]  # it acted: grew or backed off
+        (and, where it was measured, its amax); return whether the rule acted (grew or
+        backed off): a host bool where the verdict and the counters are on the host, else
+        a bool [1] tensor."""
+        found = verdict.on_host
+        if found is not None and self._counters is not None:
+            incr_count, decr_count, acts = self.rule.count(*self._counters, found)
+            touches_device = acts or verdict.amax is not None
+            if touches_device:
+                # The device form moves the device's counters as ``count`` moved these.
+                acted = self._adjust_(self._flag(found), verdict.amax, iteration)
+            self._counters, self._counters_on_device = (incr_count, decr_count), touches_device
+            return acted if verdict.amax is not None else acts
+        flag = cast(Tensor, verdict.flag) if found is None else self._flag(found)
+        acted = self._adjust_(flag, verdict.amax, iteration)
+        # The device alone knows the counters now; the host learns them at its next read.
+        self._counters = None
         return acted
+
+    def _flag(self, found: bool) -> Tensor:
+        return paddle.full_like(self.memory.incr_count, found, dtype=paddle.bool)
+
+    def _adjust_(self, flag: Tensor, amax: Tensor | None, iteration: int) -> Tensor:
+        """The rule's device form, its counters first brought up to date."""
+        if self._counters is not None and not self._counters_on_device:
+            incr_count, decr_count = self._counters
+            self.memory.incr_count.fill_(incr_count)
+            self.memory.decr_count.fill_(decr_count)
+        return self.rule.adjust_(self._local_memory(), kernels.local(flag), amax, iteration)
 
     def set_scale(self, scale: float | Tensor, name: str) -> float | Tensor:
         """Set the scale: a number must lie within the rule's bounds (``ValueError`` naming
@@ -135,14 +144,6 @@ class LossScale(TensorsOnHost):
         """The memory as this rank holds it: Paddle may have made the scale a dist tensor
         (``kernels``' facts), and the rule writes it through its local value."""
         return dataclasses.replace(self.memory, scale=kernels.local(self.memory.scale))
-
-    def _write_counters(self) -> None:
-        if self._counters is None or self._counters_on_device:
-            return
-        incr_count, decr_count = self._counters
-        self.memory.incr_count.fill_(incr_count)
-        self.memory.decr_count.fill_(decr_count)
-        self._counters_on_device = True
 
 
 def _on_device(memory: Memory, place: Any) -> Memory:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 import paddle
 from paddle import Tensor
@@ -23,7 +23,6 @@ from paddle.amp.grad_scaler import OptimizerState
 
 from . import kernels
 from .interval import Rule
-from .kernels import Verdict
 
 logger = logging.getLogger("paddle_amp_scaler")
 
@@ -147,6 +146,35 @@ def first_wrapped(optimizer: Any, wanted: Callable[[Any], bool]) -> Any | None:
 # -- what the scaler knows of an optimizer in an iteration ----------------------------
 
 
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """Whether inf/nan was found, from an unscale to the update: a bool [1] ``flag`` on the
+    device, and ``on_host``, the same as a host bool where it reached the host at no cost
+    (an optimizer that read its flag leaves it behind as one), else None; at least one of
+    the two. ``amax``: where the unscale measured it, the largest magnitude among the
+    gradients as they came, float32 [1] on the device (meaningful only where nothing was
+    found)."""
+
+    flag: Tensor | None
+    on_host: bool | None = None
+    amax: Tensor | None = None
+
+    @property
+    def found(self) -> bool | Tensor:
+        """Whether inf/nan was found: the host bool where known, else the flag."""
+        return cast(Tensor, self.flag) if self.on_host is None else self.on_host
+
+    @staticmethod
+    def joined(verdicts: Sequence[Verdict]) -> Verdict:
+        """Whether any of ``verdicts`` found inf/nan, known on the host where each of them
+        is (no device operation), and the largest of their amaxes where each measured."""
+        amax = kernels.largest_of([verdict.amax for verdict in verdicts])
+        if all(verdict.on_host is not None for verdict in verdicts):
+            return Verdict(None, any(verdict.on_host for verdict in verdicts), amax)
+        flags = [cast(Tensor, verdict.flag) for verdict in verdicts]
+        return Verdict(kernels.any_of(flags), amax=amax)
+
+
 class OptimizerRecord:
     """One optimizer in the current iteration.
 
@@ -247,9 +275,10 @@ class ZeroGradients(Strategy):
     rule: Rule
 
     def step(self, run_step: Callable[[], Any], verdict: Verdict) -> Stepped:
-        place = verdict.flag.place
+        # An unscale's verdict: it has its flag.
+        flag = cast(Tensor, verdict.flag)
         kernels.zero_if_found_(
-            self.grads, verdict.flag, lambda dtype: self.rule.stand_in(place, dtype)
+            self.grads, flag, lambda dtype: self.rule.stand_in(flag.place, dtype)
         )
         # A flag left over from another scaler would make Paddle read it.
         self.optimizer._set_auxiliary_var("found_inf", None)

@@ -30,9 +30,8 @@ from paddle.amp.grad_scaler import OptimizerState
 
 from . import distributed, kernels, optimizers, validation
 from .interval import Memory, Rule
-from .kernels import Verdict
 from .loss_scale import LossScale
-from .optimizers import OptimizerRecord
+from .optimizers import OptimizerRecord, Verdict
 from .overflow_report import OverflowEntry, recorder_for
 from .pickling import TensorsOnHost
 from .state_dict import SavedScaler, parse_state_dict, rule_named
@@ -231,8 +230,10 @@ class AmpScaler(TensorsOnHost):
         scale, all_finite = self._loss_scale.scale, self._temp_found_inf_value_false
         if self._overflows is not None:
             self._overflows.count_(params, grads)
-        verdict = kernels.unscale_and_check_(grads, scale, all_finite, measure=self._measures_now())
-        self._record_verdict(record, verdict, params, grads)
+        flag, amax = kernels.unscale_and_check_(
+            grads, scale, all_finite, measure=self._measures_now()
+        )
+        self._record_verdict(record, flag, amax, params, grads)
 
     # -- the extension interface (EXTENSION_INTERFACE) -----------------------------------
 
@@ -276,7 +277,7 @@ class AmpScaler(TensorsOnHost):
             verdict = record.verdict = dataclasses.replace(verdict, on_host=on_host)
         record.stage = OptimizerState.STEPPED
         self._found_inf = verdict.flag
-        self._cache_found_inf = verdict.flag if verdict.on_host is None else verdict.on_host
+        self._cache_found_inf = verdict.found
         return skipped if result is optimizers.SKIPPED else result
 
     def _end_iteration(
@@ -307,20 +308,19 @@ class AmpScaler(TensorsOnHost):
         if found is None and not stepped:
             return False
         self._optimizer_states = defaultdict(OptimizerRecord)
-        verdict: bool | Tensor = found if found is not None else False
-        amax = None
-        if found is None:
+        if found is not None:
+            verdict = Verdict(found)
+        else:
             verdicts = [cast(Verdict, record.verdict) for record in stepped if record.checked]
             if not verdicts:
                 return True  # nothing was observed: nothing for the rule, nothing to count
             verdict = Verdict.joined(verdicts)
-            amax = kernels.largest_of([verdict.amax for verdict in verdicts])
         acted: bool | Tensor = False
         if new_scale is None and self._use_dynamic_loss_scaling:
-            acted = self._loss_scale.advance(verdict, amax, self._run.iterations + 1)
-        self._run.record(verdict, acted)
+            acted = self._loss_scale.advance(verdict, self._run.iterations + 1)
+        self._run.record(verdict.found, acted)
         if self._overflows is not None:
-            self._overflows.end_iteration(self._run.iterations, verdict)
+            self._overflows.end_iteration(self._run.iterations, verdict.found)
         # Last, so that a LossScaleStuckError leaves a consistent, resumable scaler.
         self._stuck_policy.after_iteration(self._run, self.stats)
         return True
@@ -394,16 +394,15 @@ class AmpScaler(TensorsOnHost):
         # Multiplying by exactly 1 leaves every value as it is: the unscale only checks.
         record.refuse_unscale()
         scale = self._loss_scale.scale
-        verdict = kernels.unscale_and_check_(
+        flag, amax = kernels.unscale_and_check_(
             grads,
             paddle.ones_like(scale),
             self._temp_found_inf_value_false,
             measure=self._measures_now(),
         )
-        if verdict.amax is not None:
-            # True gradients: their amax as the scaled ones would have had it.
-            verdict = dataclasses.replace(verdict, amax=verdict.amax * scale)
-        self._record_verdict(record, verdict, None, list(grads))
+        # True gradients: their amax as the scaled ones would have had it.
+        amax = None if amax is None else amax * scale
+        self._record_verdict(record, flag, amax, None, list(grads))
 
     def _measures_now(self) -> bool:
         """Whether this iteration's unscales measure the amax, as the rule asks."""
@@ -412,15 +411,16 @@ class AmpScaler(TensorsOnHost):
     def _record_verdict(
         self,
         record: OptimizerRecord,
-        verdict: Verdict,
+        flag: Tensor,
+        amax: Tensor | None,
         params: list[Any] | None,
         grads: list[Tensor | None],
     ) -> None:
         # Agreed over the ranks before any rank decides: all then skip, update and count
         # alike.
-        agreed = self._sync.agree(verdict, distributed.mesh_of(grads))
-        self._found_inf = agreed.flag
-        record.unscaled(agreed, params, grads)
+        flag, amax = self._sync.agree(flag, amax, distributed.mesh_of(grads))
+        self._found_inf = flag
+        record.unscaled(Verdict(flag, amax=amax), params, grads)
 
     def _switch_off_for_bfloat16(self) -> None:
         # bfloat16 has float32's exponent range: gradients do not underflow, and scaling
