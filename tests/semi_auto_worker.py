@@ -62,6 +62,9 @@ def tensor_parallel(name, layer, mesh):
         layer.bias = dist.shard_tensor(layer.bias, mesh, [dist.Replicate()])
 
 
+# Paddle 3.0's own scaler, under data parallelism with an inf on one rank, ends the
+# process (gloo: "op.preamble.length <= op.nbytes"); 3.1 on trains.
+PADDLE_TRAINS_DATA = tuple(int(part) for part in paddle.__version__.split(".")[:2]) >= (3, 1)
 # How the batch is placed under each layout: whole on every rank under tensor
 # parallelism, split by rows under data parallelism (replicated parameters).
 BATCH_PLACEMENT = {"tensor": dist.Replicate(), "data": dist.Shard(0)}
@@ -199,6 +202,8 @@ def against_paddle(results):
             # that rank's collectives differ from the other's: the inf comes in the loss.
             for where in ("loss", "grad") if layout == "tensor" else ("loss",):
                 for variant in VARIANTS:
+                    if variant == "paddle" and layout == "data" and not PADDLE_TRAINS_DATA:
+                        continue
                     model, opt = build(optimizer, layout=layout)
                     inf = InfOnRankZero(model, where, layout)
                     key = f"match_{layout}_{optimizer}_{where}_{variant}"

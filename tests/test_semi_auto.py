@@ -79,14 +79,18 @@ def test_the_same_skips_scale_and_parameters_as_paddles_scaler(
     # the package's own reduction over the gradients' mesh agrees the verdict. "tensor":
     # fc1 split by columns, fc2 by rows; "data": parameters replicated, the batch split.
     key = f"match_{layout}_{optimizer}_{where}"
-    paddles = each_rank(run, f"{key}_paddle_log")
-    np.testing.assert_array_equal(paddles, reference_log())
-    np.testing.assert_array_equal(each_rank(run, f"{key}_{variant}_log"), paddles)
     results, _ = run
+    # Paddle 3.0's own scaler cannot run the data layout (semi_auto_worker.py says why):
+    # there the scaler is held to the rule, and with shard_scaler to without it.
+    reference = "paddle" if f"{key}_paddle_log" in results[0] else "ours_own"
+    np.testing.assert_array_equal(each_rank(run, f"{key}_{reference}_log"), reference_log())
+    np.testing.assert_array_equal(
+        each_rank(run, f"{key}_{variant}_log"), each_rank(run, f"{key}_{reference}_log")
+    )
     for rank, result in enumerate(results):
         np.testing.assert_array_equal(
             result[f"{key}_{variant}_params"],
-            result[f"{key}_paddle_params"],
+            result[f"{key}_{reference}_params"],
             err_msg=f"rank {rank}'s parameters",
         )
 
