@@ -119,9 +119,15 @@ def grads_by_dtype_of(grads: Iterable[Tensor | None]) -> GradGroups:
     # and Paddle 3 returns the same dtype object for each.
     last_dtype, last_group = None, []
     for grad in grads:
-        if grad is not None and grad.is_dist():
-            grad = shard_held(grad)
-        if is_checked(grad):
+        if grad is None:
+            continue
+        if grad.is_dist():
+            held = shard_held(grad)
+            if held is None:
+                continue
+            grad = held
+        # is_checked, inline: this loop runs once per gradient and step.
+        if 0 not in grad.shape:
             dtype = grad.dtype
             if dtype is not last_dtype:
                 last_dtype, last_group = dtype, groups.setdefault(dtype, [])

@@ -143,6 +143,8 @@ class LossScale(TensorsOnHost):
     def _local_memory(self) -> Memory:
         """The memory as this rank holds it: Paddle may have made the scale a dist tensor
         (``kernels``' facts), and the rule writes it through its local value."""
+        if not self.memory.scale.is_dist():
+            return self.memory  # as a rule, at no cost: a dataclass copy is microseconds
         return dataclasses.replace(self.memory, scale=kernels.local(self.memory.scale))
 
 
