@@ -57,12 +57,6 @@ class FoundInfSync:
         self.group = validation.check_group(group, Group)
         self.enabled = validation.check_bool(enabled, "sync_found_inf")
 
-    def active(self) -> bool:
-        """Whether a flag is reduced now: checked at each call (a fraction of a
-        microsecond), so that a scaler built before ``init_parallel_env`` reduces once it
-        has run."""
-        return self.enabled and spans_ranks(self.group)
-
     def agree(
         self, flag: Tensor, amax: Tensor | None, mesh: Any = None
     ) -> tuple[Tensor, Tensor | None]:
@@ -94,6 +88,10 @@ class FoundInfSync:
         return _largest_over_ranks(values, self.group, mesh)
 
     def _reduces(self, mesh: Any) -> bool:
+        """Whether a reduction is due now: over ``mesh`` where there is one, else where
+        ``paddle.distributed`` runs several ranks, checked at each call (a fraction of a
+        microsecond), so that a scaler built before ``init_parallel_env`` reduces once it
+        has run."""
         return self.enabled and (mesh is not None or spans_ranks(self.group))
 
 
