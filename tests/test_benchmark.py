@@ -210,6 +210,8 @@ def test_beyond_any_scale_is_what_the_best_scale_still_flushes(monkeypatch):
 
     from paddle_amp_scaler.testing import UnderflowCensus, count_float16_range
 
+    # Its workloads and its report are modules beside it.
+    monkeypatch.syspath_prepend(os.path.dirname(POLICY_SCRIPT))
     spec = importlib.util.spec_from_file_location("policy_bench", POLICY_SCRIPT)
     policy_bench = importlib.util.module_from_spec(spec)
     # Its dataclasses look their module up while the module runs.
