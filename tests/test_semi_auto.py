@@ -7,13 +7,13 @@ update rule's specification another. The worker is semi_auto_worker.py."""
 import os
 import pickle
 import re
-import subprocess
 import sys
 
 import numpy as np
 import paddle
 import paddle.distributed as dist
 import pytest
+from test_cli import run_cli
 
 from paddle_amp_scaler import GradScaler, load_checkpoint
 from paddle_amp_scaler.checkpoint import read_checkpoint
@@ -159,12 +159,9 @@ def test_what_a_rank_saves_holds_plain_numbers_and_loads_into_one_process(run, p
     from_checkpoint = GradScaler(policy=policy)
     from_checkpoint.load_state_dict(read_checkpoint(checkpoint).scaler)
     assert from_checkpoint.state_dict()["scale"] == saved["scale"]
-    shown = subprocess.run(
-        [sys.executable, "-m", "paddle_amp_scaler", "inspect", str(checkpoint)],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+    inspected = run_cli("inspect", str(checkpoint), cwd=out)
+    assert inspected.returncode == 0, inspected.stderr
+    shown = inspected.stdout
     assert re.search(rf"^step +{STEPS}$", shown, re.M), shown
     assert re.search(rf"^  scale +{stats[6]}$", shown, re.M), shown
 

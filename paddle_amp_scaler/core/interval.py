@@ -94,10 +94,10 @@ class Rule:
 
     def _kept(self, key: Any, place: Any, make: Callable[[], Any]) -> Any:
         """What the rule keeps under ``key`` on ``place``, made by ``make`` the first time."""
-        kept = self.__dict__["_on_device"]
-        if (key, str(place)) not in kept:
-            kept[key, str(place)] = make()
-        return kept[key, str(place)]
+        kept, where = self.__dict__["_on_device"], (key, str(place))
+        if where not in kept:
+            kept[where] = make()
+        return kept[where]
 
     def stand_in(self, place: Any, dtype: Any) -> Tensor:
         """A [1] zero of ``dtype`` on ``place``, the rule's own, for a kernel argument whose

@@ -122,10 +122,9 @@ def grads_by_dtype_of(grads: Iterable[Tensor | None]) -> GradGroups:
         if grad is None:
             continue
         if grad.is_dist():
-            held = shard_held(grad)
-            if held is None:
+            grad = held(grad)
+            if grad is None:
                 continue
-            grad = held
         # is_checked, inline: this loop runs once per gradient and step.
         if 0 not in grad.shape:
             dtype = grad.dtype
@@ -217,8 +216,11 @@ def local(tensor: Tensor) -> Tensor:
     return tensor._local_value() if tensor.is_dist() else tensor
 
 
-def shard_held(grad: Tensor) -> Tensor | None:
-    """This rank's shard of a dist gradient; None where the rank holds none (the gradient
-    lives on a mesh without it, as a pipeline stage's do on the other stages' ranks)."""
-    held = grad._local_value()
-    return held if held._is_initialized() else None
+def held(grad: Tensor | None) -> Tensor | None:
+    """What this rank holds of a gradient: the gradient, or a dist one's shard; None where
+    it holds none (no gradient, or one on a mesh without this rank, as a pipeline stage's
+    are on the other stages' ranks: its local value is uninitialized memory)."""
+    if grad is None or not grad.is_dist():
+        return grad
+    shard = grad._local_value()
+    return shard if shard._is_initialized() else None

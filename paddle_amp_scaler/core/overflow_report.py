@@ -63,10 +63,7 @@ class OverflowRecorder:
     def count_(self, params: list[Any], grads: list[Tensor | None]) -> None:
         """Queue each gradient's inf and nan counts (of a sharded one, this rank's shard),
         before an unscale writes them: five operations per gradient."""
-        local_grads = [
-            kernels.shard_held(grad) if grad is not None and grad.is_dist() else grad
-            for grad in grads
-        ]
+        local_grads = [kernels.held(grad) for grad in grads]
         checked = [
             (param, grad) for param, grad in zip(params, local_grads) if kernels.is_checked(grad)
         ]
