@@ -76,11 +76,8 @@ class SavedScaler:
         rule_type = type(current) if self.policy is None else RULES[self.policy]
         lower, upper = self.bounds or (current.min_scale, current.max_scale)
         # What the current rule holds beyond the saved settings, where the type has it.
-        kept = {
-            field.name: getattr(current, field.name)
-            for field in dataclasses.fields(current)
-            if field.name in {field.name for field in dataclasses.fields(rule_type)}
-        }
+        takes = {field.name for field in dataclasses.fields(rule_type)}
+        kept = {name: value for name, value in vars(current).items() if name in takes}
         return rule_type(
             **{
                 **kept,
