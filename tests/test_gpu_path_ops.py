@@ -103,11 +103,13 @@ RULE_OPERATIONS = {"calibrating": 1 + 2 + 4 + 40, "later": 2 + 1 + 2 + 40}
 def test_the_headroom_policy_costs_what_the_budget_says(case):
     # Over a run's first 100 iterations, calibration included: the policy measures and
     # decides in the first 3 and the 64th, and costs nothing more in the others. Each
-    # measured iteration: one p_norm per gradient, a stack and a max per optimizer, the
-    # maximum joining the optimizers' amaxes, and the rule.
+    # measured iteration: seven operations per gradient (its magnitude, which elements
+    # are nonzero and which below float16's floor, its max and two counts); per
+    # optimizer 13: the two bounds, the table made of those (7) and its amax (4); seven
+    # more to join the optimizers' amaxes and keep the iteration's totals; then the rule.
     measured = gpu_path_ops.measured_iterations()
     assert measured == [1, 2, 3, 64]
-    amax = case.optimizers * (case.tensors + 2) + case.optimizers - 1
+    amax = 7 * case.tensors * case.optimizers + 13 * case.optimizers + 7
     rule = 3 * RULE_OPERATIONS["calibrating"] + RULE_OPERATIONS["later"]
     extra, interval, headroom = gpu_path_ops.headroom_extra(case)
     # The interval rule's run: every iteration a steady-state step, the first included.

@@ -127,7 +127,8 @@ def test_a_state_dict_resumes_the_policy_and_its_memory_exactly():
         "amax",
     }
     resumed = GradScaler(incr_every_n_steps=4)  # the interval rule: the dict says headroom
-    resumed.load_state_dict(saved)
+    with pytest.warns(UserWarning, match="saved under policy='headroom'.*follows the dict"):
+        resumed.load_state_dict(saved)
     run(resumed, range(6, 12), model, optimizer, injector)
     a, b = resumed.state_dict(), straight.state_dict()
     np.testing.assert_array_equal(a.pop("scale"), b.pop("scale"))
@@ -203,9 +204,9 @@ def test_a_bad_headroom_dict_names_the_key_and_changes_nothing(change, message):
     assert after == before
 
 
-def test_the_interval_rules_dict_has_no_headroom_keys():
-    # Paddle's format as it was: the new keys are written for the headroom policy only.
-    assert not {"policy", "headroom"} & set(GradScaler().state_dict())
+def test_the_interval_rules_dict_names_its_policy_and_keeps_no_headroom_memory():
+    state = GradScaler().state_dict()
+    assert state["policy"] == "interval" and "headroom" not in state
 
 
 def test_install_hands_the_policy_to_the_scalers_trainers_build():
@@ -215,7 +216,7 @@ def test_install_hands_the_policy_to_the_scalers_trainers_build():
         assert isinstance(built, GradScaler) and built.state_dict()["policy"] == "headroom"
         assert paddle.amp.AmpScaler().state_dict()["policy"] == "headroom"
         # An argument the call gives still wins.
-        assert "policy" not in paddle.amp.GradScaler(policy="interval").state_dict()
+        assert paddle.amp.GradScaler(policy="interval").state_dict()["policy"] == "interval"
     finally:
         uninstall()
     assert not issubclass(paddle.amp.GradScaler, GradScaler)
@@ -257,12 +258,15 @@ def test_log_stats_writes_the_headroom_under_the_policy_only():
             assert writer.scalars["amp/headroom_bits"] == stats.headroom_bits
 
 
-def test_a_fixed_scale_measures_nothing():
+def test_a_fixed_scale_has_no_policy():
+    with pytest.raises(ValueError, match="policy='headroom'.*use_dynamic_loss_scaling=False"):
+        GradScaler(policy="headroom", use_dynamic_loss_scaling=False)
+    # A fixed scale is measured where asked, and stays fixed.
     model = make_model()
     optimizer = paddle.optimizer.SGD(learning_rate=1e-3, parameters=model.parameters())
-    scaler = GradScaler(policy="headroom", use_dynamic_loss_scaling=False)
+    scaler = GradScaler(use_dynamic_loss_scaling=False, measure_every=1)
     train_step(scaler, model, optimizer, batches(steps=1)[0])
-    assert scaler.get_loss_scaling() == 2.0**16 and scaler.stats().headroom_bits is None
+    assert scaler.get_loss_scaling() == 2.0**16 and scaler.stats().headroom_bits is not None
 
 
 def test_loss_of_a_run_matches_the_interval_rule_where_nothing_overflows():

@@ -53,6 +53,7 @@ def test_format_matches_api_md():
         "min_loss_scaling",
         "max_loss_scaling",
         "stats",
+        "policy",
     }
     assert isinstance(state["scale"], np.ndarray)
     assert state["scale"].dtype == np.float32 and state["scale"].shape == (1,)

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from ..core.interval import IntervalRule
-from ..core.state_dict import parse_state_dict
+from ..core.state_dict import parse_state_dict, rule_named
 from . import Checkpoint
 from .unpickling import not_loaded_in, unbuilt
 
@@ -49,7 +49,7 @@ def _scaler(state: Mapping[str, Any]) -> dict[str, Any]:
         return {"enabled": True, "error": str(error)}
     # A dict without a policy is the interval rule's, which every scaler follows by
     # default.
-    rule = saved.rule_over(IntervalRule())
+    rule = saved.rule_over(rule_named(saved.policy or IntervalRule.name)())
     summary = {
         "enabled": True,
         **dataclasses.asdict(saved),
@@ -59,7 +59,8 @@ def _scaler(state: Mapping[str, Any]) -> dict[str, Any]:
     if saved.stats is not None:
         # The counts the state dict saves: it keeps no headroom_bits, and the scale is
         # the one beside them.
-        del summary["stats"]["scale"], summary["stats"]["headroom_bits"]
+        for measured in ("scale", "headroom_bits", "subnormal_fraction"):
+            del summary["stats"][measured]
     return summary
 
 

@@ -68,8 +68,9 @@ class HeadroomRule(Rule):
             overflow:  overflow_peak falls a growth per incr_every_n_steps iterations; an
                        overflow within a quarter of that after a growth raises it to the
                        peak whose fit is a growth below the scale that overflowed
-            peak:      halves every peak_half_life iterations; the larger of it and the
-                       true amax, but at most 2**stale_bits times that amax
+            peak:      halves every peak_half_life iterations (peak_half_life_periods
+                       periods); the larger of it and the true amax, but at most
+                       2**stale_bits times that amax
             fit:       the scale becomes the one, in whole growth steps (at most
                        max_fit_steps), that keeps max(peak, overflow_peak) * scale at
                        most 65504 / 2**margin (calibration_margin in the first
@@ -85,38 +86,44 @@ class HeadroomRule(Rule):
     the next measurement. A measured amax above 65504 that is finite is not of float16
     gradients (float32 ones where ``amp_guard`` is off, or gradients summed over several
     backward passes): the rule holds the scale. The amax is measured in the first
-    ``calibration_iterations`` and then one in ``measure_every``, where one operation per
-    gradient is cheap next to a step.
+    ``calibration_iterations`` and then one in ``measure_every``, where a few operations
+    per gradient are cheap next to a step.
 
     The Paddle arguments keep their meaning but for one: ``incr_every_n_steps`` is how
     long a scale that overflowed is held off, a growth each that many iterations.
 
-    Args (beyond ``Rule``'s; the policy's tuning, which the scalers leave at these values):
+    Args (beyond ``Rule``'s, whose ``measure_every`` is 64 here; the policy's tuning,
+    which the scalers leave at these values):
         margin: bits kept between the peak amax and float16's ceiling.
         calibration_margin: the same, while the peak rests on the first measurements.
-        peak_half_life: the peak halves in this many iterations.
+        peak_half_life_periods: the peak halves in this many measurement periods
+            (``peak_half_life``: 512 iterations at the default period).
         stale_bits: bits the peak may stand above the latest amax.
         max_fit_steps: the most growth steps one fit moves the scale, either way.
         calibration_iterations: the first iterations, all measured.
         calibration_stride: an overflow among them backs off this many steps at once.
-        measure_every: after them, one iteration in this many is measured.
     """
 
     name: ClassVar[str] = "headroom"
     memory_type: ClassVar[type[Memory]] = HeadroomMemory
     state_key: ClassVar[str | None] = "headroom"
 
+    measure_every: int | None = 64
     margin: int = 1
     calibration_margin: int = 2
-    peak_half_life: int = 512
+    peak_half_life_periods: int = 8
     stale_bits: int = 3
     max_fit_steps: int = 24
     calibration_iterations: int = 3
     calibration_stride: int = 8
-    measure_every: int = 64
+
+    @property
+    def peak_half_life(self) -> int:
+        """The peak halves in this many iterations: its memory follows the period."""
+        return self.peak_half_life_periods * cast(int, self.measure_every)
 
     def measures(self, iteration: int) -> bool:
-        return iteration <= self.calibration_iterations or iteration % self.measure_every == 0
+        return iteration <= self.calibration_iterations or super().measures(iteration)
 
     def headroom_bits(self, memory: Memory) -> float | None:
         """log2(FLOAT16_MAX / amax) of the last finite measured iteration; None before it.
@@ -182,7 +189,8 @@ class HeadroomRule(Rule):
         if calibrating:
             since = 1
         else:
-            previous = (iteration - 1) // self.measure_every * self.measure_every
+            every = cast(int, self.measure_every)
+            previous = (iteration - 1) // every * every
             since = iteration - max(previous, self.calibration_iterations)
         return cast(
             _MeasuredIteration,

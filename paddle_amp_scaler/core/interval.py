@@ -70,6 +70,9 @@ class Rule:
         backoff_divisor: back off by dividing by it rather than multiplying by
             ``decr_ratio``, as MindSpore's ``amp.DynamicLossScaler`` does
             (``scale / 3`` and ``scale * float32(1 / 3)`` differ in the last bit).
+        measure_every: measure the scaled gradients in the first three iterations and
+            every ``measure_every``-th after; None: never (``IntervalRule``'s default,
+            which never uses what is measured: it is for the user to read).
     """
 
     # The name a scaler is built with (``policy=``) and a state dict carries.
@@ -85,6 +88,7 @@ class Rule:
     min_scale: float = 1.0
     max_scale: float | None = None
     backoff_divisor: float | None = None
+    measure_every: int | None = None
 
     def __post_init__(self) -> None:
         # What the rule keeps on each device it runs on, made once per place (on a GPU a
@@ -118,8 +122,9 @@ class Rule:
         return INT32_MAX
 
     def measures(self, iteration: int) -> bool:
-        """Whether the rule wants the gradients' amax in ``iteration`` (1-based)."""
-        return False
+        """Whether the gradients are measured in ``iteration`` (1-based)."""
+        every = self.measure_every
+        return every is not None and (iteration <= 3 or iteration % every == 0)
 
     def headroom_bits(self, memory: Memory) -> float | None:
         """What ``ScalerStats.headroom_bits`` shows: None for a rule that does not measure."""

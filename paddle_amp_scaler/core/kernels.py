@@ -33,7 +33,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
-import numpy as np
 import paddle
 from paddle import Tensor
 
@@ -49,25 +48,65 @@ C_ops: Any = paddle._C_ops
 GradGroups = dict[Any, list[Tensor]]
 
 
-def unscale_and_check_(
-    grads: Sequence[Tensor | None], scale: Tensor, all_finite: Tensor, *, measure: bool = False
-) -> tuple[Tensor, Tensor | None]:
+def unscale_and_check_(grads: Sequence[Tensor | None], scale: Tensor, all_finite: Tensor) -> Tensor:
     """Multiply ``grads`` (any dtypes, None for a missing one) in place by 1/scale and check
     them for inf/nan: one launch per dtype group, however many tensors. Returns the
-    found-inf flag, a bool [1] tensor (``all_finite`` when there is nothing to check),
-    and with ``measure`` the largest magnitude among the grads as they came (NaN is
-    passed over, inf is not: one operation more per gradient), else None. Of a sharded
-    gradient, this rank's shard is checked and measured: the ranks agree on the verdict
+    found-inf flag, a bool [1] tensor (``all_finite`` when there is nothing to check).
+    Of a sharded gradient, this rank's shard is checked: the ranks agree on the verdict
     afterwards."""
-    groups = grads_by_dtype_of(grads)
     scale = local(scale)
-    # Measured first: the unscale below writes the gradients in place.
-    amax = _largest_magnitude(groups) if measure and groups else None
     flags = [
         C_ops.check_finite_and_unscale_(group, _scale_for(dtype, scale))[1]
-        for dtype, group in groups.items()
+        for dtype, group in grads_by_dtype_of(grads).items()
     ]
-    return (any_of(flags) if flags else all_finite), amax
+    return any_of(flags) if flags else all_finite
+
+
+# float16's smallest normal magnitude: below it, and above 0, lie its subnormals.
+FLOAT16_TINY = 2.0**-14
+
+
+def measure(grads: Sequence[Tensor | None], times: Tensor | None = None) -> Tensor | None:
+    """Each checked gradient (``is_checked``; of a sharded one, this rank's shard) as
+    ``times`` (a scale) times it, or as it is, measured: a float64 [n, 3] tensor of rows
+    (largest magnitude, elements in float16's subnormal range, nonzero elements), in the
+    order of ``grads``; None where none is checked. Seven operations per gradient, on
+    the device; measure before an unscale writes them."""
+    largest, counts = [], []
+    bounds: dict[Any, tuple[Tensor, Tensor]] = {}  # 0 and float16's floor, per dtype
+    # Paddle hands out gradients that require gradients themselves: measured with
+    # autograd on, each measurement would record a graph, and what keeps it (the
+    # headroom rule's memory) would chain one more to it every measured iteration.
+    with paddle.no_grad():
+        for grad in grads:
+            grad = held(grad)
+            if not is_checked(grad):
+                continue
+            if times is not None:
+                grad = grad.astype(paddle.float32) * local(times).reshape([])
+            if grad.dtype not in bounds:
+                bounds[grad.dtype] = (
+                    paddle.zeros([], grad.dtype),
+                    paddle.full([], FLOAT16_TINY, grad.dtype),
+                )
+            zero, tiny = bounds[grad.dtype]
+            magnitude = C_ops.abs(grad)
+            nonzero = C_ops.greater_than(magnitude, zero)
+            subnormal = C_ops.logical_and(nonzero, C_ops.less_than(magnitude, tiny))
+            amax = C_ops.max(magnitude, [], False)
+            largest.append(amax if amax.dtype == paddle.float32 else amax.astype(paddle.float32))
+            counts += [subnormal.sum(), nonzero.sum()]
+    if not largest:
+        return None
+    table = [paddle.stack(largest).reshape([-1, 1]), paddle.stack(counts).reshape([-1, 2])]
+    return paddle.concat([column.astype(paddle.float64) for column in table], 1)
+
+
+def amax_in(table: Tensor | None) -> Tensor | None:
+    """The largest magnitude a ``measure`` table holds, float32 [1] (None for None)."""
+    if table is None:
+        return None
+    return C_ops.max(table[:, 0], [], True).astype(paddle.float32).reshape([1])
 
 
 def zero_if_found_(
@@ -83,32 +122,6 @@ def zero_if_found_(
         scale = stand_in(paddle.float64 if dtype == paddle.float64 else paddle.float32)
         counter = stand_in(paddle.int32)
         C_ops.update_loss_scaling_(group, found_inf, scale, counter, counter, 1, 1, 2.0, 0.5, True)
-
-
-def amax_of(grads: Sequence[Tensor | None]) -> Tensor | None:
-    """The largest magnitude among ``grads`` (this rank's shards), float32 [1] on the
-    device, as ``unscale_and_check_`` measures it; None where there is no gradient."""
-    groups = grads_by_dtype_of(grads)
-    return _largest_magnitude(groups) if groups else None
-
-
-def _largest_magnitude(groups: GradGroups) -> Tensor:
-    """The largest magnitude in every gradient of ``groups``, float32 [1]: one operation
-    per gradient, and two or three per dtype group."""
-    largest: Tensor | None = None
-    # Paddle hands out gradients that require gradients themselves: measured with
-    # autograd on, each amax would record a graph, and the rule's memory, which keeps it,
-    # would chain one more to it every measured iteration, for the whole run.
-    with paddle.no_grad():
-        for group in groups.values():
-            norms = paddle.stack(
-                [C_ops.p_norm(grad, np.inf, 0, 1e-12, False, True) for grad in group]
-            )
-            group_max = C_ops.max(norms, [], True)
-            if group_max.dtype != paddle.float32:
-                group_max = group_max.astype(paddle.float32)
-            largest = group_max if largest is None else C_ops.maximum(largest, group_max)
-    return cast(Tensor, largest)
 
 
 def grads_by_dtype_of(grads: Iterable[Tensor | None]) -> GradGroups:

@@ -1,15 +1,20 @@
-"""Which gradients overflowed: inf and nan counted per gradient, on the device.
+"""Which gradients overflowed, and which sit lowest: per-gradient reports.
 
 "Found inf or nan" says nothing about where. With ``report_overflows=True`` each
 unscale also counts, per gradient as backward left it, its inf and its nan elements
 (queued on the device, no read); the iteration's end reads the counts once, keeps those
 of an iteration that found any, and logs it.
+
+At the other end of float16's range, a measured iteration (``measure_every``) keeps per
+gradient its largest magnitude and its elements in float16's subnormal range
+(``Measurements``), on the device, for ``stats()`` and ``underflow_report`` to read.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from typing import Any
 
 import numpy as np
@@ -17,6 +22,7 @@ import paddle
 from paddle import Tensor
 
 from . import kernels, validation
+from .pickling import TensorsOnHost
 
 logger = logging.getLogger("paddle_amp_scaler")
 
@@ -34,6 +40,31 @@ class OverflowEntry:
     num_inf: int
     num_nan: int
     iteration: int
+
+
+@dataclasses.dataclass(frozen=True)
+class UnderflowEntry:
+    """One gradient as the last finite measured iteration found it, scaled.
+
+    Args:
+        subnormal: its elements in float16's subnormal range (``0 < |g| < 2**-14``),
+            the first to flush to zero.
+        nonzero: its nonzero elements.
+        headroom_bits: ``log2(65504 / amax)`` of its largest magnitude: how many
+            doublings of the scale it had left before inf (None: all zero).
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    subnormal: int
+    nonzero: int
+    headroom_bits: float | None
+
+    @property
+    def subnormal_fraction(self) -> float | None:
+        """``subnormal`` over ``nonzero`` (None: all zero)."""
+        return self.subnormal / self.nonzero if self.nonzero else None
 
 
 def recorder_for(report_overflows: Any) -> OverflowRecorder | None:
@@ -54,7 +85,7 @@ class OverflowRecorder:
     """
 
     def __init__(self, names: dict[str, str] | None = None) -> None:
-        self._names = names or {}
+        self.names = names or {}
         # Per unscale: (param, grad dtype) in the order of the tally's rows, and the tally.
         self._pending: list[tuple[list[tuple[Any, Any]], Tensor]] = []
         self._last: list[OverflowEntry] = []
@@ -93,7 +124,7 @@ class OverflowRecorder:
             (
                 param,
                 OverflowEntry(
-                    self._names.get(param.name, param.name),
+                    self.names.get(param.name, param.name),
                     tuple(param.shape),
                     _name_of(dtype),
                     inf,
@@ -149,3 +180,83 @@ class OverflowRecorder:
 
 def _name_of(dtype: Any) -> str:
     return str(dtype).replace("paddle.", "")
+
+
+def _headroom_bits(amax: float) -> float | None:
+    return math.log2(validation.FLOAT16_MAX / amax) if amax > 0 else None
+
+
+class Measurements(TensorsOnHost):
+    """What the measured iterations found, kept on the device until read: ``totals``, a
+    float64 [3] tensor (largest magnitude, subnormal elements, nonzero elements) over the
+    gradients of the last finite measured iteration (zeros before it), and per gradient
+    its row of ``kernels.measure``'s table."""
+
+    def __init__(self, place: Any) -> None:
+        self.totals = paddle.to_tensor([0.0, 0.0, 0.0], dtype=paddle.float64, place=place)
+        # Per unscale of this iteration: each measured gradient's (owner, shape, dtype),
+        # its owner a parameter or, for gradients handed over without one, its position.
+        self._pending: list[tuple[list[tuple[Any, ...]], Tensor]] = []
+        self._owners: list[tuple[Any, ...]] = []
+        self._table: Tensor | None = None
+
+    def add(
+        self, params: list[Any] | None, grads: list[Tensor | None], table: Tensor | None
+    ) -> None:
+        """Keep one unscale's table (None: not measured) until the iteration's end."""
+        if table is None:
+            return
+        shards = [kernels.held(grad) for grad in grads]
+        owners = [
+            (index if params is None else params[index], tuple(shard.shape), _name_of(shard.dtype))
+            for index, shard in enumerate(shards)
+            if kernels.is_checked(shard)
+        ]
+        self._pending.append((owners, table))
+
+    def end_iteration(self, found: bool | Tensor) -> None:
+        """Keep this iteration's measurement where it was finite, decided on the device."""
+        pending, self._pending = self._pending, []
+        if not pending or found is True:
+            return
+        table = paddle.concat([table for _, table in pending])
+        owners = [owner for unscale_owners, _ in pending for owner in unscale_owners]
+        columns = [kernels.C_ops.max(table[:, 0], [], False), table[:, 1].sum(), table[:, 2].sum()]
+        totals = paddle.stack(columns)
+        same = self._table is not None and [o[0] for o in owners] == [o[0] for o in self._owners]
+        if isinstance(found, Tensor):
+            found = kernels.local(found)
+            totals = paddle.where(found, self.totals, totals)
+            if same:
+                table = paddle.where(found, self._table, table)
+        self.totals, self._owners, self._table = totals, owners, table
+
+    @staticmethod
+    def readings(totals: list[float]) -> tuple[float | None, float | None]:
+        """``headroom_bits`` and ``subnormal_fraction`` from the values of ``totals``."""
+        amax, subnormal, nonzero = totals
+        return _headroom_bits(amax), (subnormal / nonzero if nonzero else None)
+
+    def report(self, model: Any, names: dict[str, str] | None) -> list[UnderflowEntry]:
+        """Per gradient, the largest share near float16's floor first (one read)."""
+        if self._table is None:
+            return []
+        by_id = {} if model is None else {id(p): n for n, p in model.named_parameters()}
+        entries = []
+        for (owner, shape, dtype), (amax, subnormal, nonzero) in zip(
+            self._owners, self._table.numpy().tolist()
+        ):
+            if isinstance(owner, int):
+                name = f"grads[{owner}]"
+            else:
+                name = by_id.get(id(owner)) or (names or {}).get(owner.name, owner.name)
+            bits = _headroom_bits(amax)
+            entries.append(UnderflowEntry(name, shape, dtype, int(subnormal), int(nonzero), bits))
+        return sorted(
+            entries,
+            key=lambda entry: (-(entry.subnormal_fraction or 0.0), -(entry.headroom_bits or 0.0)),
+        )
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The parameters stay out of a pickle (a copy of the weights): so do their rows.
+        return {**super().__getstate__(), "_pending": [], "_owners": [], "_table": None}

@@ -29,10 +29,10 @@ from paddle.amp.auto_cast import amp_global_state
 from paddle.amp.grad_scaler import OptimizerState
 
 from . import distributed, kernels, optimizers, validation
-from .interval import Memory, Rule
+from .interval import IntervalRule, Memory, Rule
 from .loss_scale import LossScale
 from .optimizers import OptimizerRecord, Verdict
-from .overflow_report import OverflowEntry, recorder_for
+from .overflow_report import Measurements, OverflowEntry, UnderflowEntry, recorder_for
 from .pickling import TensorsOnHost
 from .state_dict import SavedScaler, parse_state_dict, rule_named
 from .statistics import OnStuck, RunStatistics, ScalerStats, StuckPolicy
@@ -100,6 +100,12 @@ class AmpScaler(TensorsOnHost):
             log line per skipped iteration (one read per iteration): True, or the model,
             whose structured names (``encoder.0.weight``) the report and the log lines
             then both use, rather than Paddle's (``linear_0.w_0``).
+        measure_every: measure the scaled gradients, with no read, in the first three
+            iterations and every ``measure_every``-th after: how far below float16's
+            ceiling they reach and what share sits in its subnormal range, near its
+            floor (``stats()``, ``underflow_report``). Default None: off under
+            ``"interval"`` (a step costs what Paddle's does), every 64th under
+            ``"headroom"``, which fits the scale to what it measures.
         group: the ``paddle.distributed`` group whose ranks agree on every verdict
             (default None: every rank).
         sync_found_inf: False skips that agreement, for ranks whose gradients are
@@ -124,11 +130,15 @@ class AmpScaler(TensorsOnHost):
         stuck_after: int | None = None,
         on_stuck: OnStuck = "warn",
         report_overflows: Any = False,
+        measure_every: int | None = None,
         group: Any = None,
         sync_found_inf: bool = True,
     ) -> None:
         self._enable = validation.check_bool(enable, "enable")
         lower, upper = validation.check_bounds(min_loss_scaling, max_loss_scaling)
+        measured = {}
+        if measure_every is not None:
+            measured["measure_every"] = validation.check_period(measure_every, "measure_every")
         # The one place a policy's name is read: from here on, the rule answers.
         rule = rule_named(policy)(
             **validation.check_rule_settings(
@@ -136,6 +146,7 @@ class AmpScaler(TensorsOnHost):
             ),
             min_scale=lower,
             max_scale=upper,
+            **measured,
         )
         self._init_loss_scaling = validation.check_within(
             validation.check_scale(init_loss_scaling, "init_loss_scaling"),
@@ -145,6 +156,11 @@ class AmpScaler(TensorsOnHost):
         self._use_dynamic_loss_scaling = validation.check_bool(
             use_dynamic_loss_scaling, "use_dynamic_loss_scaling"
         )
+        if not self._use_dynamic_loss_scaling and type(rule) is not IntervalRule:
+            raise ValueError(
+                f"policy={policy!r} moves a dynamic scale, and use_dynamic_loss_scaling="
+                "False fixes the scale: drop policy, or keep the scale dynamic"
+            )
         place = validation.check_place(place)
         try:
             self._loss_scale = LossScale(rule, self._init_loss_scaling, place)
@@ -160,6 +176,7 @@ class AmpScaler(TensorsOnHost):
         self._run = RunStatistics(place)
         self._stuck_policy = StuckPolicy(stuck_after, on_stuck)
         self._overflows = recorder_for(report_overflows)
+        self._measured = Measurements(place)
         self._sync = distributed.FoundInfSync(group, sync_found_inf)
         # The optimizer types whose host read of the flag was logged (once each).
         self._noted_types: set[type] = set()
@@ -179,6 +196,12 @@ class AmpScaler(TensorsOnHost):
     @property
     def _rule(self) -> Rule:
         return self._loss_scale.rule
+
+    @property
+    def policy(self) -> str:
+        """How the dynamic scale moves: ``"interval"`` or ``"headroom"`` (read-only; a
+        loaded state dict saved under the other policy changes it, with a warning)."""
+        return self._rule.name
 
     # -- the training step ------------------------------------------------------------
 
@@ -230,10 +253,10 @@ class AmpScaler(TensorsOnHost):
         scale, all_finite = self._loss_scale.scale, self._temp_found_inf_value_false
         if self._overflows is not None:
             self._overflows.count_(params, grads)
-        flag, amax = kernels.unscale_and_check_(
-            grads, scale, all_finite, measure=self._measures_now()
-        )
-        self._record_verdict(record, flag, amax, params, grads)
+        # Measured first: the unscale writes the gradients in place.
+        table = kernels.measure(grads) if self._measures_now() else None
+        flag = kernels.unscale_and_check_(grads, scale, all_finite)
+        self._record_verdict(record, flag, table, params, grads)
 
     # -- the extension interface (EXTENSION_INTERFACE) -----------------------------------
 
@@ -319,6 +342,7 @@ class AmpScaler(TensorsOnHost):
         if new_scale is None and self._use_dynamic_loss_scaling:
             acted = self._loss_scale.advance(verdict, self._run.iterations + 1)
         self._run.record(verdict.found, acted)
+        self._measured.end_iteration(verdict.found)
         if self._overflows is not None:
             self._overflows.end_iteration(self._run.iterations, verdict.found)
         # Last, so that a LossScaleStuckError leaves a consistent, resumable scaler.
@@ -374,9 +398,10 @@ class AmpScaler(TensorsOnHost):
             grads = optimizers.grads_of(params)
             if self._overflows is not None:
                 self._overflows.count_(params, grads)
-            amax = kernels.amax_of(grads) if self._measures_now() else None
-            if amax is not None:
-                amax = self._sync.largest(amax, distributed.mesh_of(grads))
+            table = kernels.measure(grads) if self._measures_now() else None
+            self._measured.add(params, grads, table)
+            if table is not None:
+                amax = self._sync.largest(kernels.amax_in(table), distributed.mesh_of(grads))
         self._unscale(optimizer)
         verdict = record.verdict
         if verdict is None or verdict.flag is not self._found_inf:
@@ -394,31 +419,29 @@ class AmpScaler(TensorsOnHost):
         # Multiplying by exactly 1 leaves every value as it is: the unscale only checks.
         record.refuse_unscale()
         scale = self._loss_scale.scale
-        flag, amax = kernels.unscale_and_check_(
-            grads,
-            paddle.ones_like(scale),
-            self._temp_found_inf_value_false,
-            measure=self._measures_now(),
+        # True gradients: measured as the scaled ones would have been.
+        table = kernels.measure(grads, times=scale) if self._measures_now() else None
+        flag = kernels.unscale_and_check_(
+            grads, paddle.ones_like(scale), self._temp_found_inf_value_false
         )
-        # True gradients: their amax as the scaled ones would have had it.
-        amax = None if amax is None else amax * scale
-        self._record_verdict(record, flag, amax, None, list(grads))
+        self._record_verdict(record, flag, table, None, list(grads))
 
     def _measures_now(self) -> bool:
-        """Whether this iteration's unscales measure the amax, as the rule asks."""
-        return self._use_dynamic_loss_scaling and self._rule.measures(self._run.iterations + 1)
+        """Whether this iteration's unscales measure the gradients, as the rule asks."""
+        return self._rule.measures(self._run.iterations + 1)
 
     def _record_verdict(
         self,
         record: OptimizerRecord,
         flag: Tensor,
-        amax: Tensor | None,
+        table: Tensor | None,
         params: list[Any] | None,
         grads: list[Tensor | None],
     ) -> None:
         # Agreed over the ranks before any rank decides: all then skip, update and count
         # alike.
-        flag, amax = self._sync.agree(flag, amax, distributed.mesh_of(grads))
+        flag, amax = self._sync.agree(flag, kernels.amax_in(table), distributed.mesh_of(grads))
+        self._measured.add(params, grads, table)
         self._found_inf = flag
         record.unscaled(Verdict(flag, amax=amax), params, grads)
 
@@ -538,10 +561,14 @@ class AmpScaler(TensorsOnHost):
     def _read(self) -> tuple[Memory, ScalerStats]:
         """The rule's memory and the statistics, in one read of the device."""
         self._run.count_pending()
-        memory, counts = self._loss_scale.read(self._run.counts)
-        dynamic = self._use_dynamic_loss_scaling
-        headroom_bits = self._rule.headroom_bits(memory) if dynamic else None
-        return memory, self._run.stats(counts, float(memory.scale), headroom_bits)
+        memory, numbers = self._loss_scale.read(self._run.counts, self._measured.totals)
+        counts, totals = numbers[: len(numbers) - 3], numbers[len(numbers) - 3 :]
+        headroom_bits, subnormal_fraction = self._measured.readings(totals)
+        if self._use_dynamic_loss_scaling:
+            # The rule's own record where it keeps one: it survives a resume.
+            headroom_bits = self._rule.headroom_bits(memory) or headroom_bits
+        stats = self._run.stats(counts, float(memory.scale), headroom_bits)
+        return memory, dataclasses.replace(stats, subnormal_fraction=subnormal_fraction)
 
     def state_dict(self) -> dict[str, Any]:
         """The scaler's state in Paddle's format (reads the device); ``{}`` when disabled."""
@@ -585,6 +612,19 @@ class AmpScaler(TensorsOnHost):
                 "report_overflows=True (one device read per iteration)"
             )
         return self._overflows.report(model)
+
+    def underflow_report(self, model: Any = None) -> list[UnderflowEntry]:
+        """Each gradient as the last finite measured iteration found it (reads the device):
+        its share of nonzero elements in float16's subnormal range, near its floor, and
+        how far below float16's ceiling its largest magnitude stood, lowest first; named
+        as ``overflow_report`` names them. Empty before the first measurement."""
+        if not self._rule.measures(1):
+            raise RuntimeError(
+                "underflow_report() needs measured gradients: build the scaler with "
+                "measure_every=N (every N-th iteration measured, from the first)"
+            )
+        names = None if self._overflows is None else self._overflows.names
+        return self._measured.report(model, names)
 
     def check_consistency(self) -> None:
         """Raise ``RuntimeError`` naming the ranks whose scale, counters or statistics
@@ -663,6 +703,7 @@ class GradScaler(AmpScaler):
         stuck_after: int | None = None,
         on_stuck: OnStuck = "warn",
         report_overflows: Any = False,
+        measure_every: int | None = None,
         group: Any = None,
         sync_found_inf: bool = True,
     ) -> None:
@@ -681,6 +722,7 @@ class GradScaler(AmpScaler):
             stuck_after=stuck_after,
             on_stuck=on_stuck,
             report_overflows=report_overflows,
+            measure_every=measure_every,
             group=group,
             sync_found_inf=sync_found_inf,
         )

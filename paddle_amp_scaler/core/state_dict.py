@@ -45,9 +45,9 @@ class SavedScaler:
     # Not in Paddle's or PyTorch's dicts: None there, and the scaler keeps its own.
     bounds: tuple[float, float | None] | None = None
     stats: ScalerStats | None = None
-    # The rule's name and its memory beyond the scale and counters, written for a rule
-    # that has such memory (the headroom policy's); a dict without them keeps the
-    # scaler's rule, and its memory starts afresh.
+    # The rule's name, and its memory beyond the scale and counters where it has such
+    # memory (the headroom policy's); a dict without them (Paddle's, PyTorch's) keeps
+    # the scaler's rule, and its memory starts afresh.
     policy: str | None = None
     memory: dict[str, Any] | None = None
 
@@ -72,12 +72,23 @@ class SavedScaler:
     def rule_over(self, current: Rule) -> Rule:
         """The rule this record describes, for a scaler under ``current``: the saved
         settings and bounds (the current bounds where none were saved), of the saved
-        rule's type where the dict names one, else of the current one's."""
+        rule's type where the dict names one (with a ``UserWarning`` where that is not
+        the current one's: a resume continues the run it saved), else of the current
+        one's."""
         rule_type = type(current) if self.policy is None else RULES[self.policy]
         lower, upper = self.bounds or (current.min_scale, current.max_scale)
-        # What the current rule holds beyond the saved settings, where the type has it.
-        takes = {field.name for field in dataclasses.fields(rule_type)}
-        kept = {name: value for name, value in vars(current).items() if name in takes}
+        # What the current rule holds beyond the saved settings (measure_every, the
+        # tuning), where it is of the same type; else the saved type's defaults.
+        kept = dataclasses.asdict(current) if rule_type is type(current) else {}
+        if rule_type is not type(current):
+            warnings.warn(
+                f"the state dict was saved under policy={self.policy!r}; this scaler was "
+                f"built with policy={current.name!r} and follows the dict, so that the "
+                f"run continues as it was saved. Build the scaler with "
+                f"policy={self.policy!r} to load it without this warning",
+                UserWarning,
+                stacklevel=3,
+            )
         return rule_type(
             **{
                 **kept,
@@ -116,10 +127,11 @@ class SavedScaler:
             fields["min_loss_scaling"], fields["max_loss_scaling"] = self.bounds
         if self.stats is not None:
             fields["stats"] = self.stats.to_state()
-        state_key = None if self.policy is None else RULES[self.policy].state_key
-        if state_key is not None:
+        if self.policy is not None:
             fields["policy"] = self.policy
-            fields[state_key] = dict(self.memory or {})
+            state_key = RULES[self.policy].state_key
+            if state_key is not None:
+                fields[state_key] = dict(self.memory or {})
         return fields
 
 

@@ -41,12 +41,16 @@ class ScalerStats:
         backoffs: the times it backed off after an overflow (one held at the floor
             counts; the headroom policy's fit downward, which skips nothing, does not).
         scale: the current scale.
-        headroom_bits: under the headroom policy, log2 of float16's largest value over
-            the amax of the last finite measured iteration (how many doublings the
-            gradients had left before inf); None where the policy does not measure it,
-            or before its first measurement; negative where those gradients exceeded
-            float16's range without overflowing, so were not float16 (float32 ones
-            where ``amp_guard`` is off, as on a CPU), and the policy held the scale.
+        headroom_bits: log2 of float16's largest value over the amax (the largest
+            magnitude among the scaled gradients) of the last finite measured
+            iteration: how many doublings of the scale the gradients had left before
+            inf. None where nothing is measured (``"interval"`` without
+            ``measure_every``) or before the first measurement; negative where those
+            gradients exceeded float16's range without overflowing, so were not float16
+            (float32 ones where ``amp_guard`` is off, as on a CPU).
+        subnormal_fraction: of the nonzero scaled gradient elements of that iteration,
+            the share in float16's subnormal range (``0 < |g| < 2**-14``), where
+            precision thins and, below ``2**-24``, values flush to zero; None as above.
     """
 
     iterations: int
@@ -57,6 +61,7 @@ class ScalerStats:
     backoffs: int
     scale: float
     headroom_bits: float | None = None
+    subnormal_fraction: float | None = None
 
     def to_state(self) -> dict[str, int]:
         """The counts as a dict of ints, for state dicts (``last_skipped`` 0 for None)."""

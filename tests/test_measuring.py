@@ -1,0 +1,204 @@
+"""Measuring the gradients under either policy (API.md, "Measuring the gradients"), and the
+policy explicit: read-only, refused with a fixed scale, and followed with a warning where
+a state dict was saved under the other one."""
+
+import math
+import pickle
+import warnings
+
+import numpy as np
+import paddle
+import pytest
+from counters import HostReadCounter
+
+from paddle_amp_scaler import AmpScaler, GradScaler
+from paddle_amp_scaler.compat import torch as torch_face
+from paddle_amp_scaler.core.headroom import HeadroomRule
+from paddle_amp_scaler.core.interval import IntervalRule
+
+from helpers import GradInjector, batches, loss_of, make_model
+
+FLOAT16_MAX, FLOAT16_TINY = 65504.0, 2.0**-14
+
+
+def expected_row(scaled_grad):
+    """What the scaler should measure of one scaled gradient, from NumPy alone."""
+    magnitude = np.abs(scaled_grad.astype(np.float64))
+    nonzero = int((magnitude > 0).sum())
+    subnormal = int(((magnitude > 0) & (magnitude < FLOAT16_TINY)).sum())
+    return float(magnitude.max()), subnormal, nonzero
+
+
+def run(scaler, steps, injector=None, inject_at=(), dim=1e-6, seed=0):
+    """Train ``steps`` iterations, the loss dimmed so that some scaled gradients sit in
+    float16's subnormal range; return the model and, per iteration, the scaled gradients
+    as backward left them (by parameter name)."""
+    model = make_model(seed)
+    optimizer = paddle.optimizer.SGD(learning_rate=1e-3, parameters=model.parameters())
+    injector = injector or GradInjector(model[0].weight)
+    seen = []
+    for step, batch in enumerate(batches(seed, steps=steps)):
+        with injector.inject(math.inf if step in inject_at else None):
+            scaler.scale(loss_of(model, batch) * dim).backward()
+        seen.append({p.name: p.grad.numpy().copy() for p in model.parameters()})
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.clear_grad()
+    return model, seen
+
+
+def totals_of(grads):
+    rows = [expected_row(grad) for grad in grads.values()]
+    amax = max(row[0] for row in rows)
+    return math.log2(FLOAT16_MAX / amax), sum(r[1] for r in rows) / sum(r[2] for r in rows)
+
+
+@pytest.mark.parametrize("value", [0, -3, 2.5, "64", True])
+def test_measure_every_is_a_positive_int(value):
+    with pytest.raises((ValueError, TypeError), match="measure_every"):
+        GradScaler(measure_every=value)
+
+
+def test_the_interval_rule_measures_nothing_by_default():
+    scaler = GradScaler(init_loss_scaling=2.0**10)
+    run(scaler, 4)
+    stats = scaler.stats()
+    assert (stats.headroom_bits, stats.subnormal_fraction) == (None, None)
+    with pytest.raises(RuntimeError, match="measure_every=N"):
+        scaler.underflow_report()
+
+
+def test_which_iterations_are_measured():
+    assert [n for n in range(1, 40) if IntervalRule(measure_every=10).measures(n)] == [
+        1,
+        2,
+        3,
+        10,
+        20,
+        30,
+    ]
+    # Under the headroom policy the same argument sets the period, and the peak's memory
+    # follows it.
+    rule = HeadroomRule(measure_every=16)
+    assert [n for n in range(1, 40) if rule.measures(n)] == [1, 2, 3, 16, 32]
+    assert rule.peak_half_life == 8 * 16 and HeadroomRule().peak_half_life == 512
+    assert GradScaler(policy="headroom", measure_every=16)._rule.measure_every == 16
+
+
+@pytest.mark.parametrize("measure_every", [1, 2, 3])
+def test_the_numbers_are_those_of_the_last_measured_iteration(measure_every):
+    # Iterations 1-3 are always measured; with steps=5 the last measured one is 3, 4 or 3.
+    scaler = GradScaler(init_loss_scaling=2.0**10, measure_every=measure_every)
+    _, seen = run(scaler, 5)
+    last = max(n for n in range(1, 6) if scaler._rule.measures(n))
+    bits, fraction = totals_of(seen[last - 1])
+    stats = scaler.stats()
+    assert 0 < fraction < 1, "the workload puts some gradients near float16's floor"
+    assert stats.headroom_bits == pytest.approx(bits, rel=1e-6)
+    assert stats.subnormal_fraction == pytest.approx(fraction, rel=1e-12)
+
+
+def test_an_iteration_with_inf_keeps_the_last_finite_measurement():
+    scaler = GradScaler(init_loss_scaling=2.0**10, measure_every=1)
+    model, seen = run(scaler, 4, inject_at=(3,))
+    stats = scaler.stats()
+    assert stats.last_skipped == 4
+    assert stats.subnormal_fraction == pytest.approx(totals_of(seen[2])[1], rel=1e-12)
+    # And so does the per-gradient report.
+    by_name = {p.name: name for name, p in model.named_parameters()}
+    report = {entry.name: entry for entry in scaler.underflow_report(model)}
+    for paddle_name, grad in seen[2].items():
+        amax, subnormal, nonzero = expected_row(grad)
+        entry = report[by_name[paddle_name]]
+        assert (entry.subnormal, entry.nonzero) == (subnormal, nonzero)
+        assert entry.headroom_bits == pytest.approx(math.log2(FLOAT16_MAX / amax), rel=1e-6)
+        assert entry.shape == grad.shape and entry.dtype == "float32"
+
+
+def test_the_report_puts_the_lowest_gradients_first_named_as_the_overflow_report():
+    model = make_model()
+    scaler = GradScaler(init_loss_scaling=2.0**10, measure_every=1, report_overflows=model)
+    optimizer = paddle.optimizer.SGD(learning_rate=1e-3, parameters=model.parameters())
+    loss = loss_of(model, batches(steps=1)[0])
+    scaler.scale(loss * 1e-6).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    report = scaler.underflow_report()
+    assert {entry.name for entry in report} == {name for name, _ in model.named_parameters()}
+    shares = [entry.subnormal_fraction for entry in report]
+    assert shares == sorted(shares, reverse=True) and shares[0] > 0
+    unnamed = GradScaler(measure_every=1)
+    run(unnamed, 1)
+    assert all(entry.name.startswith("linear_") for entry in unnamed.underflow_report())
+
+
+def test_measuring_never_changes_what_the_interval_rule_does():
+    plain, measured = GradScaler(init_loss_scaling=2.0**20), GradScaler(
+        init_loss_scaling=2.0**20, measure_every=2
+    )
+    model_a, _ = run(plain, 8, inject_at=(2, 5), dim=1.0)
+    model_b, _ = run(measured, 8, inject_at=(2, 5), dim=1.0)
+    a, b = plain.state_dict(), measured.state_dict()
+    np.testing.assert_array_equal(a.pop("scale"), b.pop("scale"))
+    assert a == b
+    for p, q in zip(model_a.parameters(), model_b.parameters()):
+        np.testing.assert_array_equal(p.numpy(), q.numpy())
+
+
+@pytest.mark.parametrize("policy", ["interval", "headroom"])
+def test_a_measured_step_reads_nothing_back(policy):
+    # Plain SGD takes its flag on the device: any read would be the scaler's own.
+    model = make_model()
+    optimizer = paddle.optimizer.SGD(learning_rate=1e-3, parameters=model.parameters())
+    scaler = GradScaler(policy=policy, measure_every=1)
+    counter = HostReadCounter()
+    for batch in batches(steps=4):
+        with counter.counting():
+            scaler.scale(loss_of(model, batch)).backward()
+            scaler.step(optimizer)
+            scaler.update()
+        optimizer.clear_grad()
+    assert counter.reads["scaler"] == 0, counter.reads
+    assert scaler.stats().subnormal_fraction is not None
+
+
+def test_measurements_survive_a_pickle_as_totals():
+    scaler = GradScaler(measure_every=1)
+    run(scaler, 2)
+    copy = pickle.loads(pickle.dumps(scaler))
+    assert copy.stats() == scaler.stats()
+    assert copy.underflow_report() == []  # the rows name parameters, which stay behind
+
+
+@pytest.mark.parametrize("face", [GradScaler, AmpScaler, torch_face.GradScaler])
+def test_every_scaler_and_face_shows_its_policy_read_only(face):
+    assert face().policy == "interval"
+    scaler = face(policy="headroom")
+    assert scaler.policy == "headroom"
+    with pytest.raises(AttributeError):
+        scaler.policy = "interval"
+
+
+def test_a_fixed_scale_has_no_policy():
+    with pytest.raises(ValueError, match="use_dynamic_loss_scaling=False"):
+        AmpScaler(policy="headroom", use_dynamic_loss_scaling=False)
+    assert AmpScaler(use_dynamic_loss_scaling=False).policy == "interval"
+
+
+@pytest.mark.parametrize(("saved", "loaded"), [("headroom", "interval"), ("interval", "headroom")])
+def test_a_dict_of_the_other_policy_is_followed_with_a_warning_both_ways(saved, loaded):
+    source = GradScaler(policy=saved, init_loss_scaling=2.0**10)
+    run(source, 4)
+    target = GradScaler(policy=loaded)
+    with pytest.warns(UserWarning, match=f"saved under policy='{saved}'.*policy='{loaded}'"):
+        target.load_state_dict(source.state_dict())
+    assert target.policy == saved
+    a, b = source.state_dict(), target.state_dict()
+    np.testing.assert_array_equal(a.pop("scale"), b.pop("scale"))
+    assert a == b
+    # The same policy loads in silence; so does Paddle's own format, which names none.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        GradScaler(policy=saved).load_state_dict(source.state_dict())
+        paddles = {k: v for k, v in source.state_dict().items() if k not in ("policy", saved)}
+        GradScaler(policy=loaded).load_state_dict(paddles)
