@@ -71,7 +71,8 @@ def parse_args(argv=None):
         "--init-scale",
         type=float,
         default=2.0**24,
-        help="initial loss scale, large on purpose: watch it back off (default: 2**24)",
+        help="initial loss scale, large on purpose: watch it back off; the skips at the "
+        "start come from it (from Paddle's 2**16 neither policy skips) (default: 2**24)",
     )
     parser.add_argument(
         "--incr-every",

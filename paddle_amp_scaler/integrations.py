@@ -64,7 +64,8 @@ def _read(scaler: Any) -> tuple[float, ScalerStats | None]:
 
 def log_stats(writer: Any, scaler: Any, step: int, prefix: str = "amp/") -> ScalerStats | None:
     """Write ``loss_scale``, ``skipped`` (cumulative), ``skip_streak``, ``growths``,
-    ``backoffs`` and, under the headroom policy, ``headroom_bits`` through
+    ``backoffs`` and, where the scaler measures the gradients (``measure_every``, or the
+    headroom policy), ``headroom_bits`` and ``subnormal_fraction`` through
     ``writer.add_scalar(prefix + name, value, step)``: one read of the device.
 
     Args:
@@ -87,18 +88,17 @@ def log_stats(writer: Any, scaler: Any, step: int, prefix: str = "amp/") -> Scal
             growths=stats.growths,
             backoffs=stats.backoffs,
         )
-        if stats.headroom_bits is not None:
-            values["headroom_bits"] = stats.headroom_bits
+        values.update(_measured(stats))
     for name, value in values.items():
         writer.add_scalar(prefix + name, value, step)
     return stats
 
 
 class ScalerCallback(paddle.callbacks.Callback):  # type: ignore[misc]
-    """Puts ``loss_scale``, ``skipped`` and, under the headroom policy, ``headroom_bits``
-    in ``paddle.Model.fit``'s logs at each logged step, so that its progress bar prints
-    them and ``paddle.callbacks.VisualDL`` writes them (``train/loss_scale``, ...), in
-    any order of the callbacks.
+    """Puts ``loss_scale``, ``skipped`` and, where the scaler measures the gradients,
+    ``headroom_bits`` and ``subnormal_fraction`` in ``paddle.Model.fit``'s logs at each
+    logged step, so that its progress bar prints them and ``paddle.callbacks.VisualDL``
+    writes them (``train/loss_scale``, ...), in any order of the callbacks.
 
     Args:
         scaler: the scaler to read; None: the one the model trains with (the one
@@ -108,8 +108,8 @@ class ScalerCallback(paddle.callbacks.Callback):  # type: ignore[misc]
             the steps the ``ProgBarLogger`` prints.
     """
 
-    KEYS = ("loss_scale", "skipped", "headroom_bits")
-    """The keys it puts in the logs (``headroom_bits`` under the headroom policy only)."""
+    KEYS = ("loss_scale", "skipped", "headroom_bits", "subnormal_fraction")
+    """The keys it puts in the logs (the last two where the scaler measures)."""
 
     def __init__(self, scaler: Any = None, *, log_freq: int | None = None) -> None:
         super().__init__()
@@ -140,17 +140,25 @@ class ScalerCallback(paddle.callbacks.Callback):  # type: ignore[misc]
 def _add_to_logs(logs: Any, scaler: Any, counts: dict[str, str]) -> None:
     """Into ``logs``, from one read: ``loss_scale``; the ``counts`` (log key: field of
     ``ScalerStats``), zeros for a scaler that is off, none for Paddle's own, which counts
-    nothing; ``headroom_bits`` where the policy measures it, elsewhere no such key (the
-    progress bar and VisualDL then show nothing for it)."""
+    nothing; ``headroom_bits`` and ``subnormal_fraction`` where the scaler measured them,
+    elsewhere no such keys (the progress bar and VisualDL then show nothing for them)."""
     scale, stats = _read(scaler)
     logs["loss_scale"] = scale
     if stats is not None or not scaler.is_enable():
         for key, field in counts.items():
             logs[key] = getattr(stats, field) if stats is not None else 0
-    if stats is not None and stats.headroom_bits is not None:
-        logs["headroom_bits"] = stats.headroom_bits
-    else:
-        logs.pop("headroom_bits", None)
+    for key in _MEASURED:
+        logs.pop(key, None)
+    logs.update(_measured(stats))
+
+
+_MEASURED = ("headroom_bits", "subnormal_fraction")
+
+
+def _measured(stats: ScalerStats | None) -> dict[str, float]:
+    """The measured numbers of ``stats`` that it has (none before a measurement)."""
+    values = {} if stats is None else {key: getattr(stats, key) for key in _MEASURED}
+    return {key: value for key, value in values.items() if value is not None}
 
 
 def _model_scaler(model: Any) -> Any:
@@ -194,8 +202,9 @@ def _progress_log_freq() -> int | None:
 class ScalerTrainerCallback:
     """A ``TrainerCallback`` for PaddleFormers' and PaddleNLP's ``Trainer``: every log the
     Trainer makes while it trains with loss scaling carries ``loss_scale`` (float),
-    ``skipped_steps`` and ``skip_streak`` (ints) and, under the headroom policy,
-    ``headroom_bits`` (float), as they stand after that log's step.
+    ``skipped_steps`` and ``skip_streak`` (ints) and, where the scaler measures the
+    gradients, ``headroom_bits`` and ``subnormal_fraction`` (floats), as they stand
+    after that log's step.
 
     Listed in ``Trainer(callbacks=[...])``, it reaches the callbacks listed after it;
     ``ScalerTrainerCallback.attach(trainer)`` puts one ahead of every callback, the

@@ -202,3 +202,25 @@ def test_a_dict_of_the_other_policy_is_followed_with_a_warning_both_ways(saved, 
         GradScaler(policy=saved).load_state_dict(source.state_dict())
         paddles = {k: v for k, v in source.state_dict().items() if k not in ("policy", saved)}
         GradScaler(policy=loaded).load_state_dict(paddles)
+
+
+class Writer:
+    def __init__(self):
+        self.scalars = {}
+
+    def add_scalar(self, tag, value, step):
+        self.scalars[tag] = value
+
+
+@pytest.mark.parametrize("measure_every", [None, 4])
+def test_the_logs_show_the_measured_numbers_where_there_are_some(measure_every):
+    from paddle_amp_scaler.integrations import log_stats
+
+    scaler = GradScaler(init_loss_scaling=2.0**10, measure_every=measure_every)
+    run(scaler, 2)
+    writer = Writer()
+    stats = log_stats(writer, scaler, step=2)
+    measured = {"amp/headroom_bits", "amp/subnormal_fraction"}
+    assert (measured <= set(writer.scalars)) == (measure_every is not None)
+    if measure_every is not None:
+        assert writer.scalars["amp/subnormal_fraction"] == stats.subnormal_fraction

@@ -488,20 +488,26 @@ class AmpScaler(TensorsOnHost):
         return self._rule.incr_ratio
 
     def set_incr_ratio(self, new_incr_ratio: float) -> None:
+        """Set the factor of a growth. Under ``"headroom"``: the step in which the fit
+        moves the scale, either way (it moves by whole powers of it)."""
         self._change_rule(incr_ratio=validation.check_incr_ratio(new_incr_ratio, "new_incr_ratio"))
 
     def get_decr_ratio(self) -> float:
         return self._rule.decr_ratio
 
     def set_decr_ratio(self, new_decr_ratio: float) -> None:
+        """Set the factor of a back-off, under either policy (under ``"headroom"`` an
+        overflow in the first three iterations backs off several such steps at once)."""
         self._change_rule(decr_ratio=validation.check_decr_ratio(new_decr_ratio, "new_decr_ratio"))
 
     def get_incr_every_n_steps(self) -> int:
         return self._rule.incr_every_n_steps
 
     def set_incr_every_n_steps(self, new_incr_every_n_steps: int) -> None:
-        """Set the growth period; a streak already that long grows at the next finite step.
-        Under the headroom policy: how long a level that overflowed is held off."""
+        """Under ``"interval"``: set the growth period; a streak already that long grows at
+        the next finite step. Under ``"headroom"``, which grows by what it measures, not
+        by a count: how long a scale that overflowed is held off, a growth each that
+        many iterations."""
         name = "new_incr_every_n_steps"
         period = validation.check_period(new_incr_every_n_steps, name, integral_float=True)
         self._change_rule(incr_every_n_steps=period)
@@ -514,7 +520,8 @@ class AmpScaler(TensorsOnHost):
         return self._rule.decr_every_n_nan_or_inf
 
     def set_decr_every_n_nan_or_inf(self, new_decr_every_n_nan_or_inf: int) -> None:
-        """Set the back-off period; a streak already that long backs off at the next inf/nan."""
+        """Set the back-off period, under either policy; a streak already that long backs
+        off at the next inf/nan."""
         name = "new_decr_every_n_nan_or_inf"
         period = validation.check_period(new_decr_every_n_nan_or_inf, name, integral_float=True)
         self._change_rule(decr_every_n_nan_or_inf=period)
@@ -522,10 +529,13 @@ class AmpScaler(TensorsOnHost):
         self._loss_scale.set_counters(decr_count=min(decr_count, period - 1))
 
     def get_incr_count(self) -> int:
-        """Finite steps since the last increase or inf/nan step (may read the device)."""
+        """Finite steps since the last increase or inf/nan step; under ``"headroom"``,
+        since the last inf/nan step (may read the device)."""
         return self._loss_scale.counters()[0]
 
     def set_incr_count(self, new_incr_count: int) -> None:
+        """Set the count of finite steps: under ``"interval"`` a growth comes when it
+        reaches ``incr_every_n_steps``; under ``"headroom"`` it only counts."""
         limit = self._rule.incr_count_limit
         count = validation.check_count(
             new_incr_count, "new_incr_count", limit, "incr_every_n_steps"
@@ -537,6 +547,8 @@ class AmpScaler(TensorsOnHost):
         return self._loss_scale.counters()[1]
 
     def set_decr_count(self, new_decr_count: int) -> None:
+        """Set the count of inf/nan steps in a row, under either policy: a back-off comes
+        when it reaches ``decr_every_n_nan_or_inf``."""
         period = self._rule.decr_every_n_nan_or_inf
         count = validation.check_count(
             new_decr_count, "new_decr_count", period, "decr_every_n_nan_or_inf"
