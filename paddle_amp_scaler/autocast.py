@@ -29,14 +29,12 @@ from . import nested
 
 __all__ = ["amp_guard", "auto_cast", "custom_bwd", "custom_fwd", "decorate"]
 
-# Where custom_fwd leaves its record on the PyLayer's context for custom_bwd.
-_MODE_ATTR = "_paddle_amp_scaler_autocast"
-_DTYPES_ATTR = "_paddle_amp_scaler_input_dtypes"
+# Where custom_fwd leaves its record on the PyLayer's context for custom_bwd: the
+# autocast mode (None: no dygraph tracer, under paddle.jit.to_static) and input dtypes.
+_RECORD = "_paddle_amp_scaler_autocast"
 # Floating inputs that cast_inputs casts; float64 ones are kept, as PyTorch keeps them.
 _CASTABLE = (paddle.float16, paddle.bfloat16, paddle.float32)
 _FLOATING = (*_CASTABLE, paddle.float64)
-# What custom_fwd records when it ran with no dygraph tracer (under paddle.jit.to_static).
-_NO_TRACER = object()
 
 # Under paddle.jit.to_static, Paddle 3.0 re-applies a forward's decorators from its
 # source and converts each decorator on the way, losing its keyword-only defaults
@@ -107,9 +105,9 @@ def custom_fwd(
     ``custom_bwd``. With ``cast_inputs=dtype`` (any floating dtype, or its name), inside
     an enabled ``auto_cast``, its floating-point Tensor arguments (float64 excepted, as in
     PyTorch; also inside lists, tuples and dicts) are cast to ``dtype`` and forward and
-    backward run with autocast off;
-    outside ``auto_cast`` nothing is cast. ``device_type`` is accepted for code written
-    for ``torch.amp``: Paddle has one autocast mode for every device.
+    backward run with autocast off; outside ``auto_cast`` nothing is cast. ``device_type``
+    is accepted for code written for ``torch.amp``: Paddle has one autocast mode for every
+    device.
     """
     cast_dtype = None if cast_inputs is None else _floating_dtype(cast_inputs)
     _check_device_type(device_type)
@@ -122,11 +120,11 @@ def custom_fwd(
     def forward_under_recorded_autocast(ctx: Any, *args: Any, **kwargs: Any) -> Any:
         mode = AutocastMode.current()
         if mode is None:
-            setattr(ctx, _MODE_ATTR, _NO_TRACER)
+            setattr(ctx, _RECORD, (None, []))
             return forward(ctx, *args, **kwargs)
         # Paddle 2.6 hands backward's results to the inputs as they are (PyTorch casts
         # them): remember the inputs' dtypes, so custom_bwd can give each gradient its own.
-        setattr(ctx, _DTYPES_ATTR, _gradient_slots([*args, *kwargs.values()]))
+        slots = _gradient_slots([*args, *kwargs.values()])
         if cast_dtype is not None and mode.level != core.AmpLevel.O0:
             # Inside an enabled auto_cast: forward and backward run on the cast inputs,
             # with autocast off.
@@ -135,7 +133,7 @@ def custom_fwd(
                 lambda tensor: tensor.astype(cast_dtype) if tensor.dtype in _CASTABLE else tensor,
                 (args, kwargs),
             )
-        setattr(ctx, _MODE_ATTR, mode)
+        setattr(ctx, _RECORD, (mode, slots))
         with mode.entered():
             return forward(ctx, *args, **kwargs)
 
@@ -157,18 +155,18 @@ def custom_bwd(
 
     @functools.wraps(backward)
     def backward_under_recorded_autocast(ctx: Any, *grads: Any) -> Any:
-        mode = getattr(ctx, _MODE_ATTR, None)
-        if mode is None:
+        record = getattr(ctx, _RECORD, None)
+        if record is None:
             raise RuntimeError(
                 f"custom_bwd on {backward.__qualname__}: its forward was not decorated with "
                 "custom_fwd, which records the autocast mode for backward; add @custom_fwd "
                 "to the forward of the same PyLayer"
             )
-        if mode is _NO_TRACER:
+        mode, dtypes = record
+        if mode is None:
             return backward(ctx, *grads)
         with mode.entered():
             result = backward(ctx, *grads)
-        dtypes = getattr(ctx, _DTYPES_ATTR)
         if isinstance(result, tuple):
             return tuple(_as_dtypes(grad, slot) for grad, slot in zip(result, dtypes))
         return _as_dtypes(result, dtypes[0])

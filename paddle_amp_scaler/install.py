@@ -1,19 +1,12 @@
 """install() / uninstall(): existing trainers build this package's scalers unchanged.
 
-Paddle's high-level API (``paddle.Model`` in ``hapi/model.py``), fleet's model wrapper,
-the auto-parallel engine, PaddleNLP/PaddleFormers' ``Trainer`` and PaddleDetection's
-trainer build their scaler as ``paddle.amp.GradScaler(...)`` (or ``AmpScaler``),
-looking the name up when they build it. ``install()`` points those names, in
+``paddle.Model``, fleet's model wrapper, the auto-parallel engine, PaddleNLP's
+``Trainer`` and PaddleDetection's trainer look ``paddle.amp.GradScaler`` (or
+``AmpScaler``) up when they build their scaler. ``install()`` points those names, in
 ``paddle.amp`` and in ``paddle.amp.grad_scaler`` where Paddle defines them, at this
-package's classes; ``uninstall()`` puts Paddle's back.
-
-``install(**defaults)`` gives the scalers those trainers build keyword defaults of the
-package's own (``install(policy="headroom")``): an argument the trainer passes still
-wins.
-
-It cannot reach a name copied before it ran: ``from paddle.amp import GradScaler`` at
-the top of a module imported earlier keeps Paddle's class. Call ``install()`` first,
-then import the trainer.
+package's classes; ``uninstall()`` puts Paddle's back. A name copied before ``install()``
+ran (``from paddle.amp import GradScaler`` in a module imported earlier) keeps Paddle's
+class: call ``install()`` first, then import the trainer.
 """
 
 from __future__ import annotations
@@ -51,9 +44,9 @@ def install(**defaults: Any) -> None:
 
 
 def _with_defaults(cls: type[scaler.AmpScaler], defaults: dict[str, Any]) -> type:
-    """``cls`` itself, or a subclass of it (same name) whose constructor defaults to
-    ``defaults``; each default is checked by building a disabled scaler with it (an
-    unknown name too: the scaler's own check says "did you mean")."""
+    """``cls``, or a subclass of the same name whose constructor defaults to ``defaults``
+    (an argument the trainer passes still wins), checked by building a disabled scaler
+    with them: an unknown name too, where the scaler's own check says "did you mean"."""
     if not defaults:
         return cls
     try:

@@ -29,7 +29,7 @@ from paddle_amp_scaler import (
 )
 from paddle_amp_scaler import checkpoint as checkpoint_module
 from paddle_amp_scaler.checkpoint import rng_state_survives_pickling
-from paddle_amp_scaler.checkpoint.unpickling import not_loaded_in
+from paddle_amp_scaler.checkpoint.file_format import not_loaded_in
 
 from helpers import (
     GradInjector,

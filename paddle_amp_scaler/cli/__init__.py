@@ -49,7 +49,6 @@ def build_parser() -> argparse.ArgumentParser:
         "Paddle's kernels cover each GPU (one small kernel is tried on each). Exits with 1, "
         "saying how to fix it, when something cannot work.",
     )
-    doctor_command.add_argument("--json", action="store_true", help="one JSON object, for scripts")
     inspect_command = commands.add_parser(
         "inspect",
         help="what a checkpoint written by save_checkpoint holds",
@@ -59,5 +58,6 @@ def build_parser() -> argparse.ArgumentParser:
         "runs no code from it. Exits with 1 for a file that is no readable checkpoint.",
     )
     inspect_command.add_argument("path", help="the checkpoint file")
-    inspect_command.add_argument("--json", action="store_true", help="one JSON object, for scripts")
+    for command in (doctor_command, inspect_command):
+        command.add_argument("--json", action="store_true", help="one JSON object, for scripts")
     return parser

@@ -19,7 +19,6 @@ import platform
 import re
 import sys
 from collections.abc import Iterator, Sequence
-from typing import Any
 
 import numpy as np
 import paddle
@@ -28,8 +27,6 @@ from .._version import __version__
 from .report import line
 
 PADDLE_INSTALL_PAGE = "https://www.paddlepaddle.org.cn/en/install/quick"
-
-# -- the facts ---------------------------------------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,8 +81,27 @@ class Finding:
 def gather_facts() -> Facts:
     """The facts of this environment, read from Paddle; one small Paddle kernel runs on
     each visible GPU, the test that settles whether its kernels cover it."""
-    other_devices = _other_devices()
-    build = _build(other_devices)
+    try:
+        other_devices = tuple(str(name) for name in paddle.device.get_available_custom_device())
+    except Exception:  # Paddle without custom-device support
+        other_devices = ()
+    if paddle.is_compiled_with_rocm():
+        build = "ROCm"
+    elif paddle.is_compiled_with_cuda():
+        build = "CUDA"
+    elif paddle.is_compiled_with_xpu():
+        build = "XPU"
+    else:
+        build = "custom device" if other_devices else "CPU"
+    distributions = []
+    for name in ("paddlepaddle", "paddlepaddle-gpu"):
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            distributions.append(f"{name} {importlib.metadata.version(name)}")
+    gpus = []
+    for index in range(paddle.device.cuda.device_count() if build == "CUDA" else 0):
+        gpu = paddle.device.cuda.get_device_properties(index)
+        gpus.append(Gpu(index, str(gpu.name), (int(gpu.major), int(gpu.minor)), _probe(index)))
+    cuda = str(paddle.version.cuda())  # a CPU build answers 'False'
     return Facts(
         package_file=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
         python=platform.python_version(),
@@ -94,40 +110,14 @@ def gather_facts() -> Facts:
         python_executable=os.path.abspath(sys.executable),
         numpy=np.__version__,
         paddle=paddle.__version__,
-        paddle_distributions=_paddle_distributions(),
+        paddle_distributions=tuple(distributions),
         build=build,
-        cuda=_version_or_none(paddle.version.cuda()),
+        cuda=None if cuda in ("False", "None", "") else cuda,
         cuda_archs=_cuda_archs(build),
         device=str(paddle.device.get_device()),
-        gpus=_gpus(build),
+        gpus=tuple(gpus),
         other_devices=other_devices,
     )
-
-
-def _build(other_devices: tuple[str, ...]) -> str:
-    if paddle.is_compiled_with_rocm():
-        return "ROCm"
-    if paddle.is_compiled_with_cuda():
-        return "CUDA"
-    if paddle.is_compiled_with_xpu():
-        return "XPU"
-    if other_devices:
-        return "custom device"
-    return "CPU"
-
-
-def _version_or_none(value: Any) -> str | None:
-    # A CPU build answers the string 'False'.
-    text = str(value)
-    return None if text in ("False", "None", "") else text
-
-
-def _paddle_distributions() -> tuple[str, ...]:
-    found = []
-    for name in ("paddlepaddle", "paddlepaddle-gpu"):
-        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
-            found.append(f"{name} {importlib.metadata.version(name)}")
-    return tuple(found)
 
 
 def _cuda_archs(build: str) -> tuple[int, ...] | None:
@@ -135,17 +125,6 @@ def _cuda_archs(build: str) -> tuple[int, ...] | None:
     if build != "CUDA" or listing is None:
         return None
     return tuple(sorted(int(arch) for arch in listing())) or None
-
-
-def _gpus(build: str) -> tuple[Gpu, ...]:
-    if build != "CUDA":
-        return ()
-    cuda = paddle.device.cuda
-    properties = [cuda.get_device_properties(index) for index in range(cuda.device_count())]
-    return tuple(
-        Gpu(index, str(gpu.name), (int(gpu.major), int(gpu.minor)), _probe(index))
-        for index, gpu in enumerate(properties)
-    )
 
 
 def _probe(index: int) -> str | None:
@@ -165,37 +144,25 @@ def _probe(index: int) -> str | None:
     return None
 
 
-def _other_devices() -> tuple[str, ...]:
-    try:
-        return tuple(str(name) for name in paddle.device.get_available_custom_device())
-    except Exception:  # Paddle without custom-device support
-        return ()
-
-
-# -- the verdicts, pure functions of the facts --------------------------------------------
-
-
 def gpu_coverage(gpu: Gpu, cuda_archs: tuple[int, ...] | None) -> Coverage:
     """Whether Paddle's kernels cover ``gpu``: the kernel tried on it decides, since the
     listed architectures leave out the PTX the driver may compile; the list says why."""
-    listed = _listed_binaries(gpu.capability, cuda_archs)
+    major, minor = gpu.capability
+    # A binary runs on its own major version, from its minor version up.
+    binaries = [arch for arch in cuda_archs or () if arch // 10 == major and arch % 10 <= minor]
+    if cuda_archs is None:
+        listed = "cannot tell from the listed architectures: Paddle lists none"
+    elif binaries:
+        listed = f"sm_{max(binaries)} binaries"
+    else:
+        listed = f"no binary for sm_{major}{minor} among " + ", ".join(
+            f"sm_{arch}" for arch in cuda_archs
+        )
     if gpu.probe_error is None:
         return Coverage(True, f"a Paddle kernel ran on it ({listed})")
     if _no_kernel_image(gpu.probe_error):
         return Coverage(False, f"a Paddle kernel found no image for it ({listed})")
     return Coverage(None, f"a Paddle kernel failed on it: {gpu.probe_error} ({listed})")
-
-
-def _listed_binaries(capability: tuple[int, int], cuda_archs: tuple[int, ...] | None) -> str:
-    """What the listed architectures say of a GPU of ``capability``."""
-    if cuda_archs is None:
-        return "cannot tell from the listed architectures: Paddle lists none"
-    major, minor = capability
-    # A binary runs on its own major version, from its minor version up.
-    binaries = [arch for arch in cuda_archs if arch // 10 == major and arch % 10 <= minor]
-    if binaries:
-        return f"sm_{max(binaries)} binaries"
-    return f"no binary for sm_{major}{minor} among " + ", ".join(f"sm_{a}" for a in cuda_archs)
 
 
 def _no_kernel_image(message: str) -> bool:
@@ -224,11 +191,18 @@ def findings(facts: Facts) -> Iterator[Finding]:
     for gpu in facts.gpus:
         coverage = gpu_coverage(gpu, facts.cuda_archs)
         if coverage.covered is False:
+            major, minor = gpu.capability
+            fix = f"install a build of Paddle with kernels for sm_{major}{minor}: "
+            fix += f"{PADDLE_INSTALL_PAGE} lists the builds for each CUDA"
+            if major >= 10:
+                # A fact of CUDA's, which no release of Paddle's changes: no CUDA before
+                # 12.8 compiles for compute capability 10 and above.
+                fix += f" (compute capability {major}.{minor} needs CUDA 12.8 or newer)"
             yield Finding(
                 "error",
                 f"{_gpu_name(gpu)} has no kernels in Paddle {facts.paddle}: {coverage.how}; "
                 "every Paddle operation on it fails with cudaErrorNoKernelImageForDevice",
-                _fix_for_uncovered(gpu),
+                fix,
             )
         elif gpu.probe_error is not None:
             yield Finding(
@@ -252,19 +226,6 @@ def findings(facts: Facts) -> Iterator[Finding]:
         )
 
 
-def _fix_for_uncovered(gpu: Gpu) -> str:
-    major, minor = gpu.capability
-    fix = (
-        f"install a build of Paddle with kernels for sm_{major}{minor}: "
-        f"{PADDLE_INSTALL_PAGE} lists the builds for each CUDA"
-    )
-    if major >= 10:
-        # A fact of CUDA's, which no release of Paddle's changes: no CUDA before 12.8
-        # compiles for compute capability 10 and above.
-        fix += f" (compute capability {major}.{minor} needs CUDA 12.8 or newer)"
-    return fix
-
-
 def _gpu_name(gpu: Gpu) -> str:
     major, minor = gpu.capability
     return f"GPU {gpu.index} ({gpu.name}, compute capability {major}.{minor})"
@@ -278,67 +239,61 @@ def _release(version: str) -> tuple[int, ...]:
     return (sys.maxsize,) if numbers and not any(numbers) else numbers
 
 
-# -- the report ----------------------------------------------------------------------------
+def run(as_json: bool) -> int:
+    """Gather, judge, print; 1 when something cannot work."""
+    facts = gather_facts()
+    found = list(findings(facts))
+    coverages = [gpu_coverage(gpu, facts.cuda_archs) for gpu in facts.gpus]
+    ok = not any(finding.severity == "error" for finding in found)
+    if as_json:
+        report = {
+            "ok": ok,
+            "facts": dataclasses.asdict(facts),
+            "gpu_coverage": [dataclasses.asdict(coverage) for coverage in coverages],
+            "findings": [dataclasses.asdict(finding) for finding in found],
+        }
+        sys.stdout.write(json.dumps(report) + "\n")
+    else:
+        sys.stdout.write(doctor_report(facts, coverages, found, ok) + "\n")
+    return 0 if ok else 1
 
 
-def doctor_report(facts: Facts, found: Sequence[Finding]) -> str:
+def doctor_report(
+    facts: Facts, coverages: Sequence[Coverage], found: Sequence[Finding], ok: bool
+) -> str:
     """What ``doctor`` prints: a line per fact, then the findings."""
     none = f"none ({facts.build} build)"
+    kernels = none
+    if facts.cuda_archs is not None:
+        archs = " ".join(f"sm_{arch}" for arch in facts.cuda_archs)
+        kernels = f"{archs} (paddle.version.cuda_archs())"
+    elif facts.build in ("CUDA", "ROCm"):
+        kernels = f"not listed by Paddle {facts.paddle}: a kernel tried on each GPU decides"
     distributions = ", ".join(facts.paddle_distributions) or "no pip distribution"
     devices = ["cpu"] + [f"gpu:{gpu.index}" for gpu in facts.gpus] + list(facts.other_devices)
+    verdicts = {True: "covered", False: "NOT covered", None: "cannot tell"}
     lines = [
         line("paddle_amp_scaler", f"{__version__} ({_shown(facts.package_file)})"),
         line("Python", f"{facts.python} ({_shown(facts.python_executable)})"),
         line("NumPy", facts.numpy),
         line("Paddle", f"{facts.paddle}, {facts.build} build ({distributions})"),
         line("CUDA", facts.cuda or none),
-        line("GPU kernels for", _kernels_text(facts) or none),
+        line("GPU kernels for", kernels),
         line("devices", ", ".join(devices) + f" (current: {facts.device})"),
+        *(
+            line("", f"{_gpu_name(gpu)}: {verdicts[coverage.covered]}, {coverage.how}")
+            for gpu, coverage in zip(facts.gpus, coverages)
+        ),
+        "",
     ]
-    for gpu in facts.gpus:
-        coverage = gpu_coverage(gpu, facts.cuda_archs)
-        lines.append(line("", f"{_gpu_name(gpu)}: {_VERDICTS[coverage.covered]}, {coverage.how}"))
-    lines.append("")
     for finding in found:
         lines += [f"{finding.severity}: {finding.what}", f"  fix: {finding.fix}"]
-    if not any(finding.severity == "error" for finding in found):
+    if ok:
         lines.append("Nothing here stands in the way of training.")
     return "\n".join(lines)
-
-
-_VERDICTS = {True: "covered", False: "NOT covered", None: "cannot tell"}
 
 
 def _shown(path: str) -> str:
     """``path`` with the home folder as ``~``: reports get pasted into bug reports."""
     home = os.path.expanduser("~")
     return "~" + path[len(home) :] if path.startswith(home + os.sep) else path
-
-
-def _kernels_text(facts: Facts) -> str | None:
-    if facts.cuda_archs is not None:
-        archs = " ".join(f"sm_{arch}" for arch in facts.cuda_archs)
-        return f"{archs} (paddle.version.cuda_archs())"
-    if facts.build in ("CUDA", "ROCm"):
-        return f"not listed by Paddle {facts.paddle}: a kernel tried on each GPU decides"
-    return None
-
-
-def run(as_json: bool) -> int:
-    """Gather, judge, print; 1 when something cannot work."""
-    facts = gather_facts()
-    found = list(findings(facts))
-    ok = not any(finding.severity == "error" for finding in found)
-    if as_json:
-        report = {
-            "ok": ok,
-            "facts": dataclasses.asdict(facts),
-            "gpu_coverage": [
-                dataclasses.asdict(gpu_coverage(gpu, facts.cuda_archs)) for gpu in facts.gpus
-            ],
-            "findings": [dataclasses.asdict(finding) for finding in found],
-        }
-        sys.stdout.write(json.dumps(report) + "\n")
-    else:
-        sys.stdout.write(doctor_report(facts, found) + "\n")
-    return 0 if ok else 1

@@ -1,10 +1,7 @@
-"""Tools for testing a mixed-precision training loop on a machine without fp16 kernels.
-
-fp16 emulation: a float32 model that computes with float16's range and precision,
-where Paddle's CPU build runs no float16 matmul (``emulate_fp16_grads``,
-``round_linear_layers``, ``round_through_float16``), and its census: where the gradients
-it rounds land in float16's range (``UnderflowCensus``, ``count_float16_range``). One idea
-in one module: the census counts at the tensors the emulation rounds.
+"""Testing a mixed-precision training loop on a machine without fp16 kernels: a float32
+model that computes with float16's range and precision (``emulate_fp16_grads``,
+``round_linear_layers``, ``round_through_float16``), and the census of where the
+gradients it rounds land in float16's range (``UnderflowCensus``, ``count_float16_range``).
 """
 
 from __future__ import annotations
@@ -66,11 +63,10 @@ def count_float16_range(values: Any) -> CensusCounts:
     return _counted(_finite_magnitudes(values))
 
 
-def _finite_magnitudes(values: Any) -> np.ndarray:
+def _finite_magnitudes(values: Any) -> Any:
     array = values.numpy() if isinstance(values, paddle.Tensor) else np.asarray(values)
     magnitudes = np.abs(array.astype(np.float32, copy=False))
-    finite: np.ndarray = magnitudes[np.isfinite(magnitudes)]
-    return finite
+    return magnitudes[np.isfinite(magnitudes)]
 
 
 def _counted(finite: np.ndarray) -> CensusCounts:
@@ -98,9 +94,8 @@ class UnderflowCensus:
     gradients, as a GPU's fp16 backward holds them.
 
     Each gradient is read to the host once, in the backward pass (on a GPU, a sync per
-    rounded tensor: a tool for experiments, not for production loops). End every
-    iteration with ``end_iteration``, saying whether its step was skipped: a skipped
-    iteration's counts are discarded, since its gradients never reached the weights::
+    rounded tensor: a tool for experiments). End every iteration with ``end_iteration``:
+    a skipped iteration's counts are discarded, its gradients never reached the weights::
 
         census = UnderflowCensus()
         round_linear_layers(model, census)
@@ -154,9 +149,9 @@ class UnderflowCensus:
                 self._current_amax = max(self._current_amax, float(finite.max()))
 
     def hook(self, label: str = "") -> Callable[[paddle.Tensor], None]:
-        """A gradient hook that counts into this census and leaves the gradient as it is:
-        ``observe`` returns None, which leaves it to Paddle as it was (a hook that returns
-        anything but a tensor or None crashes Paddle's backward pass)."""
+        """A gradient hook that counts into this census and leaves the gradient as it is
+        (``observe`` returns None: a hook returning anything but a tensor or None crashes
+        Paddle's backward pass)."""
         return functools.partial(self.observe, label=label)
 
     def end_iteration(self, *, skipped: bool = False) -> CensusCounts:
@@ -255,13 +250,10 @@ def round_through_float16(
     round its inputs and its output. The backward of the two casts rounds the gradient
     through float16 too, as the cast operations of O1 do on a GPU: a gradient above
     65504 becomes inf and one at or below 2**-25 flushes to zero. With a ``census``, a
-    hook counts that gradient before it is rounded, under ``label``. (Paddle 2.6's CPU
-    cast truncates; there the rounding to nearest is done in float arithmetic.)
+    hook counts that gradient before it is rounded, under ``label``.
     """
-    if _cast_rounds_to_nearest():
-        rounded = tensor.astype(paddle.float16).astype(tensor.dtype)
-    else:
-        rounded = _RoundedToFloat16.apply(tensor)
+    fast = _cast_rounds_to_nearest()
+    rounded = _nearest_float16(tensor) if fast else _RoundedToFloat16.apply(tensor)
     if census is not None and not rounded.stop_gradient:
         rounded.register_hook(census.hook(label))
     return rounded
