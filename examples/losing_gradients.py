@@ -16,15 +16,15 @@ import warnings
 
 warnings.filterwarnings("ignore", message="No ccache found")
 
-import argparse  # noqa: E402
+import argparse
 
 # scikit-learn before Paddle: Paddle 2.6 loads its own zlib.
-from sklearn.datasets import load_digits  # noqa: E402  # isort: skip
-import numpy as np  # noqa: E402
-import paddle  # noqa: E402
+from sklearn.datasets import load_digits  # isort: skip
+import numpy as np
+import paddle
 
-from paddle_amp_scaler import GradScaler  # noqa: E402
-from paddle_amp_scaler.testing import UnderflowCensus, round_linear_layers  # noqa: E402
+from paddle_amp_scaler import GradScaler
+from paddle_amp_scaler.testing import UnderflowCensus, round_linear_layers
 
 
 def train(policy, steps, features, labels):

@@ -133,8 +133,9 @@ def test_the_report_puts_the_lowest_gradients_first_named_as_the_overflow_report
 
 
 def test_measuring_never_changes_what_the_interval_rule_does():
-    plain, measured = GradScaler(init_loss_scaling=2.0**20), GradScaler(
-        init_loss_scaling=2.0**20, measure_every=2
+    plain, measured = (
+        GradScaler(init_loss_scaling=2.0**20),
+        GradScaler(init_loss_scaling=2.0**20, measure_every=2),
     )
     model_a, _ = run(plain, 8, inject_at=(2, 5), dim=1.0)
     model_b, _ = run(measured, 8, inject_at=(2, 5), dim=1.0)
