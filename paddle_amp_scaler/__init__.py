@@ -24,7 +24,7 @@ from ._version import __version__
 from .autocast import amp_guard, auto_cast, custom_bwd, custom_fwd, decorate
 from .checkpoint import CheckpointError, load_checkpoint, read_checkpoint, save_checkpoint
 from .compat.keras import LossScaleOptimizer
-from .core.overflow_report import OverflowEntry
+from .core.overflow_report import OverflowEntry, UnderflowEntry
 from .core.scaler import AmpScaler, GradScaler
 from .core.statistics import LossScaleStuckError, ScalerStats
 from .core.validation import UnknownArgumentError
@@ -42,6 +42,7 @@ __all__ = [
     "LossScaleOptimizer",
     "ScalerStats",
     "OverflowEntry",
+    "UnderflowEntry",
     "LossScaleStuckError",
     "install",
     "uninstall",
