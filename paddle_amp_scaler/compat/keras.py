@@ -1,8 +1,5 @@
-"""TensorFlow/Keras' ``LossScaleOptimizer``: a Paddle optimizer that scales its own loss.
-
-``minimize(loss)`` does the whole iteration, as in TensorFlow: scale the loss, run its
-backward, unscale and check the gradients, step or skip, update the scale. The scaling
-itself is this package's ``GradScaler``: the same rule, kernels and promises.
+"""TensorFlow/Keras' ``LossScaleOptimizer``: a Paddle optimizer that scales its own loss,
+with this package's ``GradScaler``: the same rule, kernels and promises.
 """
 
 from __future__ import annotations
@@ -15,18 +12,15 @@ from paddle import Tensor
 
 from ..core import kernels, optimizers, validation
 from ..core.scaler import AmpScaler, GradScaler
-from ..core.state_dict import parse_state_dict
 
 __all__ = ["LossScaleOptimizer"]
 
-# The key under which state_dict() carries the scaler's state beside the optimizer's.
 SCALER_STATE_KEY = "LossScaleOptimizer.scaler"
-_DELEGATED = ("clear_grad", "get_lr", "set_lr", "set_lr_scheduler", "state_dict", "set_state_dict")
 # Set on an inner optimizer once wrapped, as tf-keras marks it: a second wrapper would
 # keep a second scale over the same gradients.
 _WRAPPED_MARK = "_wrapped_by_loss_scale_optimizer"
-# Keras' base-optimizer arguments, which its LossScaleOptimizer refuses because they
-# belong on the inner optimizer; each with where it lives in Paddle, or that it does not.
+# Keras' base-optimizer arguments, which its LossScaleOptimizer refuses as belonging "on the
+# inner optimizer" (its test's words), each with where Paddle has it, if anywhere.
 _KERAS_OPTIMIZER_ARGUMENTS = {
     "weight_decay": "in Paddle too: weight_decay=... on the inner optimizer",
     "clipnorm": "in Paddle, grad_clip=paddle.nn.ClipGradByNorm(...) on the inner optimizer",
@@ -41,8 +35,6 @@ _KERAS_OPTIMIZER_ARGUMENTS = {
     "gradient_accumulation_steps": "Paddle's optimizers do not accumulate by themselves: run "
     "get_scaled_loss(loss).backward() several times, then step()",
 }
-# Keras' own test looks for "on the inner optimizer"; the Paddle answer follows it.
-_IN_KERAS = "in Keras it is set on the inner optimizer"
 
 
 class LossScaleOptimizer:
@@ -79,7 +71,7 @@ class LossScaleOptimizer:
         validation.check_keywords(
             "LossScaleOptimizer",
             optimizer_arguments,
-            _KEYWORDS,
+            validation.keyword_names(LossScaleOptimizer.__init__),
             lambda name: _where_it_belongs(name, inner_optimizer),
         )
         if isinstance(inner_optimizer, LossScaleOptimizer):
@@ -96,32 +88,27 @@ class LossScaleOptimizer:
         if getattr(inner_optimizer, _WRAPPED_MARK, False):
             raise ValueError(
                 f"inner_optimizer ({type(inner_optimizer).__name__}) is already wrapped by a "
-                "LossScaleOptimizer: an optimizer can be wrapped only once (two wrappers "
-                "would keep two loss scales over the same gradients); keep the first "
-                "wrapper and use it"
+                "LossScaleOptimizer, and a second would keep a second loss scale over the "
+                "same gradients: keep the first wrapper and use it"
             )
-        if not isinstance(dynamic, bool):
-            raise TypeError(f"dynamic must be a bool, got {dynamic!r} ({type(dynamic).__name__})")
-        if scaler is not None:
-            if not isinstance(scaler, AmpScaler):
-                raise TypeError(
-                    "scaler must be a paddle_amp_scaler AmpScaler or GradScaler, got "
-                    f"{type(scaler).__name__}"
-                )
-            if not dynamic or initial_scale is not None or dynamic_growth_steps is not None:
-                raise ValueError(
-                    "give either scaler= or the TensorFlow arguments (dynamic, "
-                    "initial_scale, dynamic_growth_steps), not both"
-                )
-        else:
+        dynamic = validation.check_bool(dynamic, "dynamic")
+        if scaler is None:
             scaler = _scaler_for(dynamic, initial_scale, dynamic_growth_steps)
-        self._inner = inner_optimizer
-        self._scaler = scaler
+        elif not isinstance(scaler, AmpScaler):
+            raise TypeError(
+                "scaler must be a paddle_amp_scaler AmpScaler or GradScaler, got "
+                f"{type(scaler).__name__}"
+            )
+        elif not dynamic or initial_scale is not None or dynamic_growth_steps is not None:
+            raise ValueError(
+                "give either scaler= or the TensorFlow arguments (dynamic, initial_scale, "
+                "dynamic_growth_steps), not both"
+            )
+        self._inner, self._scaler = inner_optimizer, scaler
         setattr(inner_optimizer, _WRAPPED_MARK, True)
-        # For the warning of apply_gradients, as tf-keras keeps them: ever called.
-        self._loss_scaled = self._gradients_unscaled = self._warned_unscaled = False
-
-    # -- what TensorFlow users read ------------------------------------------------------
+        # For the warning of apply_gradients, as tf-keras keeps them: what was ever called.
+        self._called: set[str] = set()
+        self._warned_unscaled = False
 
     @property
     def inner_optimizer(self) -> Any:
@@ -153,17 +140,13 @@ class LossScaleOptimizer:
         """Finite steps since the scale last changed (reads the device); None when fixed."""
         return self._scaler.get_incr_count() if self.dynamic else None
 
-    # -- the iteration -------------------------------------------------------------------
-
     def minimize(
         self, loss: Tensor | Callable[[], Tensor], parameters: Any = None, no_grad_set: Any = None
     ) -> Any:
-        """Scale ``loss`` (a Tensor, or a callable returning one), run its backward, then
-        unscale, check, step or skip, and update the scale. Does not clear gradients.
-
-        Returns what the inner ``minimize`` returned; ``(None, None)`` when skipped
-        without calling it.
-        """
+        """The whole iteration, as in TensorFlow: scale ``loss`` (a Tensor, or a callable
+        returning one), run its backward, unscale, check, step or skip, update the scale
+        (gradients are not cleared). Returns what the inner ``minimize`` returned;
+        ``(None, None)`` when skipped without calling it."""
         loss = _loss_tensor(loss)
         self._scaler.scale(loss).backward()
         return self._step_and_update(
@@ -172,13 +155,12 @@ class LossScaleOptimizer:
         )
 
     def step(self) -> None:
-        """Unscale, check, step or skip, and update the scale, after
-        ``get_scaled_loss(loss).backward()``."""
+        """After ``get_scaled_loss(loss).backward()``: unscale, check, step or skip, update."""
         self._step_and_update(self._inner.step)
 
     def get_scaled_loss(self, loss: Tensor | Callable[[], Tensor]) -> Any:
         """``loss`` times the scale; for a callable, a callable that returns that."""
-        self._loss_scaled = True
+        self._called.add("get_scaled_loss()")
         if callable(loss) and not isinstance(loss, Tensor):
             return lambda: self._scaler.scale(_loss_tensor(loss))
         return self._scaler.scale(_loss_tensor(loss))
@@ -189,64 +171,42 @@ class LossScaleOptimizer:
             raise TypeError(
                 f"grads must be a list of Tensors (or None), got {type(grads).__name__}"
             )
-        self._gradients_unscaled = True
+        self._called.add("get_unscaled_gradients()")
         if not self._scaler.is_enable():
             return list(grads)
         scale = self._scaler._scale
         return [None if grad is None else kernels.unscaled(_tensor(grad), scale) for grad in grads]
 
     def apply_gradients(self, grads_and_vars: Iterable[tuple[Tensor | None, Tensor]]) -> Any:
-        """Apply unscaled gradients, TensorFlow-ordered ``(grad, param)`` pairs: check
-        them, step (the inner optimizer's ``apply_gradients``) or skip, update the scale.
-
-        Pairs whose gradient is None are left out. On a skipped step with plain SGD the
-        given gradients are set to zero (the skip that needs no device read).
-        """
+        """Apply unscaled gradients, TensorFlow-ordered ``(grad, param)`` pairs (those with
+        a None gradient left out): check them, step (the inner optimizer's
+        ``apply_gradients``) or skip, update the scale. On a skipped step with plain SGD the
+        given gradients are set to zero (the skip that needs no device read)."""
         pairs = [_pair(item) for item in grads_and_vars]
         pairs = [(grad, param) for grad, param in pairs if grad is not None]
-        self._warn_unless_scaled()
-        return self._step_and_update(
-            lambda: self._inner.apply_gradients([(param, grad) for grad, param in pairs]),
-            given_grads=[grad for grad, _ in pairs],
-        )
-
-    def _step_and_update(
-        self,
-        run_step: Callable[[], Any],
-        skipped: Any = None,
-        given_grads: list[Tensor] | None = None,
-    ) -> Any:
-        """The whole iteration after backward: step or skip the inner optimizer, then end
-        the iteration (TensorFlow has no separate update)."""
-        result = self._scaler._step_optimizer(
-            self._inner, run_step, skipped=skipped, given_grads=given_grads
-        )
-        self._scaler._end_iteration()
-        return result
-
-    def _warn_unless_scaled(self) -> None:
-        """Warn once, as tf-keras does, when a hand-written loop applies gradients with
-        no sign of scaling: unscaled gradients are applied ``loss_scale`` times too
-        large, and a loss that was never scaled can underflow."""
-        if self._warned_unscaled or not self._scaler.is_enable():
-            return
-        called = {
-            "get_scaled_loss()": self._loss_scaled,
-            "get_unscaled_gradients()": self._gradients_unscaled,
-        }
-        missed = [call for call, done in called.items() if not done]
-        if missed:
+        # Warn once, as tf-keras does, for a hand-written loop that shows no sign of
+        # scaling: unscaled gradients are applied loss_scale times too large, and a loss
+        # that was never scaled can underflow.
+        missed = sorted({"get_scaled_loss()", "get_unscaled_gradients()"} - self._called)
+        if missed and self._scaler.is_enable() and not self._warned_unscaled:
             self._warned_unscaled = True
             warnings.warn(
                 f"apply_gradients() was called without {' and '.join(missed)} having been "
                 "called first: scale the loss with get_scaled_loss(loss) before computing "
                 "gradients, and pass them through get_unscaled_gradients(grads) before "
                 "apply_gradients() (minimize() and step() do both themselves)",
-                UserWarning,
-                stacklevel=3,
+                stacklevel=2,
             )
+        return self._step_and_update(
+            lambda: self._inner.apply_gradients([(param, grad) for grad, param in pairs]),
+            given_grads=[grad for grad, _ in pairs],
+        )
 
-    # -- explicit delegation -------------------------------------------------------------
+    def _step_and_update(self, run_step: Callable[[], Any], **how: Any) -> Any:
+        # Step or skip, then end the iteration: TensorFlow has no separate update.
+        result = self._scaler._step_optimizer(self._inner, run_step, **how)
+        self._scaler._end_iteration()
+        return result
 
     def clear_grad(self, set_to_zero: bool = True) -> None:
         self._inner.clear_grad(set_to_zero)
@@ -266,35 +226,26 @@ class LossScaleOptimizer:
 
     def set_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Load a ``state_dict()`` of this class (or a plain optimizer's, which leaves the
-        scaler as it is). The scaler's part is checked before anything is loaded."""
+        scaler as it is). A bad scaler part raises before anything is loaded."""
         if not isinstance(state_dict, Mapping):
             raise TypeError(f"state_dict must be a dict, got {type(state_dict).__name__}")
         inner_state = dict(state_dict)
         scaler_state = inner_state.pop(SCALER_STATE_KEY, None)
-        if scaler_state is not None and self._scaler.is_enable():
-            if not scaler_state:
-                raise RuntimeError(
-                    f"state_dict[{SCALER_STATE_KEY!r}] is empty, which is what a disabled "
-                    "scaler saves; load it into a LossScaleOptimizer with a disabled scaler"
-                )
-            parse_state_dict(scaler_state)
-        self._inner.set_state_dict(inner_state)
-        if scaler_state is not None:
+        if scaler_state is not None:  # checked whole before it changes anything
             self._scaler.load_state_dict(scaler_state)
+        self._inner.set_state_dict(inner_state)
 
     def __getattr__(self, name: str) -> Any:
-        # Only reached for names this class does not define.
         if name.startswith("__") or name in ("_inner", "_scaler"):
             raise AttributeError(name)
         raise AttributeError(
-            f"LossScaleOptimizer has no attribute {name!r}: it delegates only "
-            f"{', '.join(_DELEGATED)}; use .inner_optimizer.{name} on the "
-            f"{type(self._inner).__name__} it wraps"
+            f"LossScaleOptimizer has no attribute {name!r}: it delegates only clear_grad, "
+            "get_lr, set_lr, set_lr_scheduler, state_dict, set_state_dict; use "
+            f".inner_optimizer.{name} on the {type(self._inner).__name__} it wraps"
         )
 
     def __repr__(self) -> str:
-        """What TensorFlow shows of it: the inner optimizer's class and the scale's state
-        (reads the device)."""
+        """As TensorFlow shows it: the inner optimizer's class, the scale (reads the device)."""
         inner = type(self._inner).__name__
         if not self._scaler.is_enable():
             return f"LossScaleOptimizer({inner}, scaler={self._scaler!r})"
@@ -307,22 +258,17 @@ class LossScaleOptimizer:
         return f"LossScaleOptimizer({inner}, {state})"
 
 
-_KEYWORDS = validation.keyword_names(LossScaleOptimizer.__init__)
-
-
 def _where_it_belongs(name: str, inner_optimizer: Any) -> str | None:
     """Keras' advice for an argument of the optimizers, none for any other name."""
     if name in _KERAS_OPTIMIZER_ARGUMENTS:
-        return f"{_IN_KERAS}; {_KERAS_OPTIMIZER_ARGUMENTS[name]}"
+        return f"in Keras it is set on the inner optimizer; {_KERAS_OPTIMIZER_ARGUMENTS[name]}"
+    inner = type(inner_optimizer)
     try:
-        optimizer_arguments = validation.keyword_names(type(inner_optimizer).__init__)
+        optimizer_arguments = validation.keyword_names(inner.__init__)
     except (TypeError, ValueError):  # a signature inspect cannot read
-        optimizer_arguments = []
+        return None
     if name in optimizer_arguments:
-        return (
-            "set it on the inner optimizer instead: "
-            f"{type(inner_optimizer).__name__}(..., {name}=...)"
-        )
+        return f"set it on the inner optimizer instead: {inner.__name__}(..., {name}=...)"
     return None
 
 
@@ -335,22 +281,16 @@ def _scaler_for(
         raise ValueError(
             f"dynamic_growth_steps must be None when dynamic=False, got {dynamic_growth_steps!r}"
         )
-    # TensorFlow's defaults for a dynamic loss scale: 2**15, doubled after 2000 finite steps.
-    scale = validation.check_scale(
-        2.0**15 if initial_scale is None else initial_scale, "initial_scale"
-    )
-    if not dynamic:
-        return GradScaler(init_loss_scaling=scale, use_dynamic_loss_scaling=False)
+    # GradScaler's defaults are TensorFlow's rule: double after 2000 finite steps, halve on
+    # every overflow. tf-keras takes int(dynamic_growth_steps): its checkpoint test passes 2.0.
+    scale = 2.0**15 if initial_scale is None else initial_scale
     steps = 2000 if dynamic_growth_steps is None else dynamic_growth_steps
     return GradScaler(
-        init_loss_scaling=scale,
-        incr_ratio=2.0,
-        decr_ratio=0.5,
-        # tf-keras takes int(dynamic_growth_steps): its own checkpoint test passes 2.0.
+        init_loss_scaling=validation.check_scale(scale, "initial_scale"),
         incr_every_n_steps=validation.check_period(
             steps, "dynamic_growth_steps", integral_float=True
         ),
-        decr_every_n_nan_or_inf=1,
+        use_dynamic_loss_scaling=dynamic,
     )
 
 

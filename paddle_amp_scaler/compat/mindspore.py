@@ -1,30 +1,22 @@
 """MindSpore's loss-scale managers and ``mindspore.amp`` functions, over this package's scaler.
 
-Managers, for loops built around a loss-scale policy::
-
-    manager = DynamicLossScaleManager(init_loss_scale=2**16, scale_factor=2, scale_window=50)
-    scaler = manager.get_update_cell()      # a GradScaler applying the manager's policy
-
-The functional API, for loops written with ``paddle.grad``::
+A manager's ``get_update_cell()`` gives a ``GradScaler`` applying its policy; the
+functional API serves loops written with ``paddle.grad`` (``docs/migration.md``)::
 
     loss_scaler = DynamicLossScaler(scale_value=2**10, scale_factor=2, scale_window=50)
-    grads = paddle.grad(loss_scaler.scale(loss), params)
-    grads = loss_scaler.unscale(grads)
+    grads = loss_scaler.unscale(paddle.grad(loss_scaler.scale(loss), params))
     finite = all_finite(grads)
-    ...
+    ...                                     # apply grads if finite
     loss_scaler.adjust(finite)
 
-The update rule is MindSpore's: back off by ``scale_factor`` on every overflow (never
-below 1), grow by it after ``scale_window`` finite steps. It is ``IntervalRule``, with
-MindSpore's arithmetic: a manager's ``update_loss_scale`` multiplies its Python float by
-``1 / scale_factor`` on the host; ``DynamicLossScaler.adjust`` divides its float32 scale
-by ``scale_factor`` on the device, through the scaler's own iteration end (so statistics
-and the stuck policy see it).
+The update rule is MindSpore's (``IntervalRule``, never below 1), in its arithmetic: a
+manager's ``update_loss_scale`` multiplies a Python float by the factor's reciprocal;
+``DynamicLossScaler.adjust`` divides a float32 scale by the factor on the device, through
+the scaler's iteration end (which statistics and the stuck policy see).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import paddle
@@ -34,6 +26,7 @@ from .. import nested
 from ..core import kernels, validation
 from ..core.interval import IntervalRule, Memory
 from ..core.scaler import GradScaler
+from ..core.validation import FLOAT32_MAX, INT32_MAX
 
 __all__ = [
     "DynamicLossScaleManager",
@@ -82,7 +75,7 @@ class FixedLossScaleManager:
 
     def get_update_cell(self) -> GradScaler | None:
         """A ``GradScaler`` that keeps this scale and skips overflowing steps; ``None`` when
-        ``drop_overflow_update`` is False (as in MindSpore: then nothing is skipped)."""
+        ``drop_overflow_update`` is False."""
         if not self._drop_overflow_update:
             return None
         return GradScaler(init_loss_scaling=self._fixed_scale, use_dynamic_loss_scaling=False)
@@ -90,10 +83,6 @@ class FixedLossScaleManager:
 
 class DynamicLossScaleManager:
     """``mindspore.DynamicLossScaleManager``: the scale adapts to overflows.
-
-    ``update_loss_scale(overflow)`` applies the rule on the host, in Python floats, as
-    MindSpore's manager does, for a loop that decides overflow itself;
-    ``get_update_cell()`` gives a ``GradScaler`` that applies it in the step.
 
     Args:
         init_loss_scale: the first scale, at least 1.
@@ -106,19 +95,16 @@ class DynamicLossScaleManager:
     def __init__(
         self, init_loss_scale: float = 2.0**24, scale_factor: float = 2, scale_window: int = 2000
     ) -> None:
-        init_loss_scale = _at_least_one(init_loss_scale, "init_loss_scale")
-        scale_window = validation.check_period(scale_window, "scale_window")
+        # A Python float, for Python's arithmetic, as MindSpore's manager has it.
+        self._memory = Memory(_at_least_one(init_loss_scale, "init_loss_scale"))
         # MindSpore takes any positive factor; one at or below 1 would never back off.
         scale_factor = validation.check_incr_ratio(scale_factor, "scale_factor")
-        # MindSpore backs off by multiplying with the reciprocal, as IntervalRule does.
         self._dynamic_rule = IntervalRule(
             incr_ratio=scale_factor,
             decr_ratio=1 / scale_factor,
-            incr_every_n_steps=scale_window,
+            incr_every_n_steps=validation.check_period(scale_window, "scale_window"),
             decr_every_n_nan_or_inf=1,
         )
-        # A Python float: the rule keeps Python's arithmetic, as MindSpore's manager does.
-        self._memory = Memory(float(init_loss_scale))
         self._consecutive_overflows = 0
 
     def get_loss_scale(self) -> float:
@@ -135,11 +121,11 @@ class DynamicLossScaleManager:
         return True
 
     def update_loss_scale(self, overflow: bool) -> None:
-        """One iteration of the rule; ``RuntimeError`` after more than 1000 consecutive
-        overflows (the scale has then been updated for this one too)."""
-        self._memory, _ = self._dynamic_rule.adjust(
-            self._memory, validation.check_bool(overflow, "overflow")
-        )
+        """One iteration of the rule, on the host, for a loop that decides overflow itself;
+        ``RuntimeError`` after more than 1000 consecutive overflows (the scale has then
+        been updated for this one too)."""
+        overflow = validation.check_bool(overflow, "overflow")
+        self._memory, _ = self._dynamic_rule.adjust(self._memory, overflow)
         self._consecutive_overflows = self._consecutive_overflows + 1 if overflow else 0
         if self._consecutive_overflows > MAX_CONSECUTIVE_OVERFLOWS:
             raise RuntimeError(
@@ -149,14 +135,12 @@ class DynamicLossScaleManager:
             )
 
     def get_update_cell(self) -> GradScaler:
-        """A new ``GradScaler`` applying this manager's policy from its current scale."""
+        """A new ``GradScaler`` that applies this policy in the step, from the current scale."""
         return GradScaler(
             init_loss_scaling=self.get_loss_scale(),
             incr_ratio=self._dynamic_rule.incr_ratio,
             decr_ratio=self._dynamic_rule.decr_ratio,
             incr_every_n_steps=self._dynamic_rule.incr_every_n_steps,
-            decr_every_n_nan_or_inf=1,
-            # MindSpore gives up after 1000 consecutive overflows.
             stuck_after=MAX_CONSECUTIVE_OVERFLOWS + 1,
             on_stuck="raise",
         )
@@ -165,8 +149,7 @@ class DynamicLossScaleManager:
 class _LossScaler:
     """What both functional scalers do: scale, unscale, and show the scale."""
 
-    def __init__(self, scaler: GradScaler) -> None:
-        self._scaler = scaler
+    _scaler: GradScaler
 
     @property
     def scale_value(self) -> Tensor:
@@ -184,19 +167,13 @@ class _LossScaler:
         """``inputs`` times the scale: a Tensor or (nested) lists/tuples of them."""
         # Straight to the kernel: MindSpore's scalers never switch themselves off (the
         # core's scale() does under bfloat16 autocast), and unscale() must match.
-        return self._each_tensor("scale", kernels.scaled, inputs)
+        scale, refuse = self._scaler._scale, nested.refuse_leaves("scale", "inputs")
+        return nested.map_tensors(lambda tensor: kernels.scaled(tensor, scale), inputs, refuse)
 
     def unscale(self, inputs: Any) -> Any:
         """``inputs`` divided by the scale, as new Tensors in their own dtypes."""
-        return self._each_tensor("unscale", kernels.unscaled, inputs)
-
-    def _each_tensor(
-        self, function: str, kernel: Callable[[Tensor, Tensor], Tensor], inputs: Any
-    ) -> Any:
-        scale = self._scaler._scale
-        return nested.map_tensors(
-            lambda tensor: kernel(tensor, scale), inputs, nested.refuse_leaves(function, "inputs")
-        )
+        scale, refuse = self._scaler._scale, nested.refuse_leaves("unscale", "inputs")
+        return nested.map_tensors(lambda tensor: kernels.unscaled(tensor, scale), inputs, refuse)
 
     def _finite_flag(self, grads_finite: Any) -> Tensor:
         """``grads_finite`` as a bool [1] tensor beside the scale, without reading it."""
@@ -221,12 +198,8 @@ class StaticLossScaler(_LossScaler):
 
     @validation.keywords_checked
     def __init__(self, scale_value: float) -> None:
-        super().__init__(
-            GradScaler(
-                init_loss_scaling=_at_least_one(scale_value, "scale_value"),
-                use_dynamic_loss_scaling=False,
-            )
-        )
+        scale = _at_least_one(scale_value, "scale_value")
+        self._scaler = GradScaler(init_loss_scaling=scale, use_dynamic_loss_scaling=False)
 
     def __repr__(self) -> str:
         return f"StaticLossScaler(scale_value={self._scaler.get_loss_scaling()!r})"
@@ -249,22 +222,17 @@ class DynamicLossScaler(_LossScaler):
 
     @validation.keywords_checked
     def __init__(self, scale_value: float, scale_factor: int, scale_window: int) -> None:
-        scale_window = validation.check_period(scale_window, "scale_window")
-        scale_factor = validation.check_period(scale_factor, "scale_factor")
-        if scale_factor < 2:
-            # MindSpore takes 1, which would never change the scale.
-            raise ValueError(f"scale_factor must be an int >= 2, got {scale_factor!r}")
-        scaler = GradScaler(
+        # MindSpore takes 1, which would never change the scale.
+        scale_factor = validation.check_int_within(scale_factor, "scale_factor", 2, INT32_MAX)
+        self._scaler = GradScaler(
             init_loss_scaling=_at_least_one(scale_value, "scale_value"),
             incr_ratio=float(scale_factor),
             decr_ratio=1.0 / scale_factor,
-            incr_every_n_steps=scale_window,
-            decr_every_n_nan_or_inf=1,
+            incr_every_n_steps=validation.check_period(scale_window, "scale_window"),
         )
         # MindSpore divides its float32 scale by the factor, where 1 / factor would
         # round differently (scale_factor=3: 33.333332, not 33.333336, from 100).
-        scaler._change_rule(backoff_divisor=float(scale_factor))
-        super().__init__(scaler)
+        self._scaler._change_rule(backoff_divisor=float(scale_factor))
 
     @property
     def counter(self) -> Tensor:
@@ -276,11 +244,10 @@ class DynamicLossScaler(_LossScaler):
 
     @counter.setter
     def counter(self, value: Any) -> None:
-        scale_window = self._scaler.get_incr_every_n_steps()
-        count = validation.check_count(
-            _host_value(value, "counter"), "counter", scale_window, "scale_window"
+        value, window = _host_value(value, "counter"), self._scaler.get_incr_every_n_steps()
+        self._scaler.set_incr_count(
+            validation.check_count(value, "counter", window, "scale_window")
         )
-        self._scaler.set_incr_count(count)
 
     def __repr__(self) -> str:
         scaler = self._scaler
@@ -300,15 +267,8 @@ class DynamicLossScaler(_LossScaler):
 
 
 def all_finite(inputs: Any) -> Tensor:
-    """Whether every element of every Tensor in ``inputs`` is finite, computed on the
-    device and not read.
-
-    Args:
-        inputs: a Tensor, or (nested) lists and tuples of them.
-
-    Returns:
-        A bool 0-d Tensor.
-    """
+    """Whether every element of every Tensor in ``inputs`` (a Tensor, or nested lists and
+    tuples of them) is finite: a bool 0-d Tensor, computed on the device and not read."""
     tensors = nested.tensors_in(inputs, nested.refuse_leaves("all_finite", "inputs"))
     return kernels.all_finite(tensors).reshape([])
 
@@ -326,7 +286,4 @@ def _host_value(value: Any, name: str) -> Any:
 
 
 def _at_least_one(value: Any, name: str) -> float:
-    scale = validation.check_scale(value, name)
-    if scale < 1:
-        raise ValueError(f"{name} must be >= 1, got {value!r}")
-    return scale
+    return validation.check_number_within(value, name, 1.0, FLOAT32_MAX)

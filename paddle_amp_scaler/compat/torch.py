@@ -1,24 +1,19 @@
 """PyTorch's ``torch.amp.GradScaler``, by its names, over this package's ``GradScaler``.
 
-Code written for PyTorch ports by changing its import::
+Code written for PyTorch ports by changing its import (``docs/migration.md``)::
 
     from paddle_amp_scaler.compat.torch import GradScaler
 
     scaler = GradScaler()
-    for x, y in loader:
-        optimizer.clear_grad()
-        with paddle.amp.auto_cast():
-            loss = loss_fn(model(x), y)
-        scaler.scale(loss).backward()
-        scaler.unscale_(optimizer)          # optional: clip true gradients here
-        scaler.step(optimizer)
-        scaler.update()
+    ...
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)          # optional: clip true gradients here
+    scaler.step(optimizer)
+    scaler.update()
 
-The update rule is PyTorch's: back off by ``backoff_factor`` on every overflow, grow by
-``growth_factor`` after ``growth_interval`` finite steps. What differs, from the core
-scaler: the scale never falls below 1.0, the scaler reads nothing back from the device
-during a step, and a Paddle optimizer reads its found-inf flag once per step (plain SGD
-not even that).
+The update rule is PyTorch's. Unlike PyTorch's scaler, this one never lets the scale fall
+below 1.0, and a step reads nothing back from the device but, once, a Paddle optimizer's
+found-inf flag (plain SGD's not even that).
 """
 
 from __future__ import annotations
@@ -45,13 +40,10 @@ _DEVICE = re.compile(r"^([a-z_]+)(?::(\d+))?$")
 
 
 class TorchAssertionError(AssertionError, RuntimeError):
-    """Misuse that PyTorch's ``GradScaler`` asserts against: ``step(optimizer)`` for an
-    optimizer none of whose parameters has a gradient, ``update()`` with no step since
-    the last one, a pickle in the middle of an iteration.
-
-    An ``AssertionError``, what PyTorch code catches, that is also the ``RuntimeError``
-    this package raises for misuse.
-    """
+    """Misuse that PyTorch's ``GradScaler`` asserts against (``step(optimizer)`` for an
+    optimizer none of whose parameters has a gradient, ``update()`` with no step since the
+    last, a pickle mid-iteration): the ``AssertionError`` PyTorch code catches, and the
+    ``RuntimeError`` this package raises for misuse."""
 
 
 class GradScaler(_CoreGradScaler):
@@ -80,8 +72,12 @@ class GradScaler(_CoreGradScaler):
         enabled: bool = True,
         **options: Any,
     ) -> None:
-        validation.check_keywords("GradScaler", options, _KEYWORDS)
-        place = _paddle_place(device)
+        # PyTorch's arguments, then the core's keyword-only options but place (device= sets it).
+        known = validation.keyword_names(GradScaler.__init__)
+        known += validation.keyword_names(_CoreGradScaler.__init__, keyword_only=True)
+        known.remove("place")
+        validation.check_keywords("GradScaler", options, known)
+        place = None if device is None else _paddle_place(device)
         # PyTorch's names in the messages; the core checks the same values again.
         enabled = validation.check_bool(enabled, "enabled")
         validation.check_scale(init_scale, "init_scale")
@@ -92,20 +88,13 @@ class GradScaler(_CoreGradScaler):
             warnings.warn(
                 f"GradScaler is enabled, but device {device!r} is not available to this "
                 "Paddle build; the scaler is disabled (is_enabled() is False)",
-                UserWarning,
                 stacklevel=2,
             )
             enabled, place = False, None
+        options["place"] = place
+        # decr_every_n_nan_or_inf keeps its default, 1: PyTorch backs off on every overflow.
         super().__init__(
-            enabled,
-            init_scale,
-            growth_factor,
-            backoff_factor,
-            growth_interval,
-            decr_every_n_nan_or_inf=1,
-            use_dynamic_loss_scaling=True,
-            place=place,
-            **options,
+            enabled, init_scale, growth_factor, backoff_factor, growth_interval, **options
         )
 
     def scale(self, outputs: Any) -> Any:
@@ -122,16 +111,13 @@ class GradScaler(_CoreGradScaler):
                 "loss, call scaler.scale(loss).backward(), then scaler.step(optimizer)"
             )
         result = self._step_optimizer(optimizer, functools.partial(optimizer.step, *args, **kwargs))
-        # An optimizer that takes the found-inf flag is called even when it skips, and
-        # returns its value all the same. PyTorch returns None for a skipped step; for an
-        # optimizer whose step returns something, knowing it is worth one read.
-        if result is not None and self._enable and bool(self._cache_found_inf):
-            return None
-        return result
+        # An optimizer that takes the found-inf flag is called even when it skips. PyTorch
+        # returns None for a skipped step; for a step that returns something, worth a read.
+        skipped = result is not None and self._enable and bool(self._cache_found_inf)
+        return None if skipped else result
 
     def _nothing_checked(self, optimizer: Any) -> None:
-        # PyTorch refuses the step (the core then forgets the optimizer's record, so that
-        # the step after a backward() unscales afresh).
+        # PyTorch refuses the step; the core then leaves the optimizer as if never touched.
         raise TorchAssertionError(
             "No inf checks were recorded for this optimizer: none of its parameters has a "
             "gradient. Call scaler.scale(loss).backward() before scaler.step(optimizer)"
@@ -162,35 +148,20 @@ class GradScaler(_CoreGradScaler):
         except RuntimeError as mid_iteration:  # PyTorch asserts here
             raise TorchAssertionError(str(mid_iteration)) from None
 
-    # -- PyTorch's getters and setters ---------------------------------------------------
-
-    def get_scale(self) -> float:
-        """The current scale (reads the device); 1.0 when disabled."""
-        return self.get_loss_scaling()
-
-    def get_growth_factor(self) -> float:
-        return self.get_incr_ratio()
+    get_scale = _CoreGradScaler.get_loss_scaling  # reads the device; 1.0 when disabled
+    get_growth_factor = _CoreGradScaler.get_incr_ratio
+    get_backoff_factor = _CoreGradScaler.get_decr_ratio
+    get_growth_interval = _CoreGradScaler.get_incr_every_n_steps
+    is_enabled = _CoreGradScaler.is_enable
 
     def set_growth_factor(self, new_factor: float) -> None:
         self.set_incr_ratio(validation.check_incr_ratio(new_factor, "new_factor"))
 
-    def get_backoff_factor(self) -> float:
-        return self.get_decr_ratio()
-
     def set_backoff_factor(self, new_factor: float) -> None:
         self.set_decr_ratio(validation.check_decr_ratio(new_factor, "new_factor"))
 
-    def get_growth_interval(self) -> int:
-        return self.get_incr_every_n_steps()
-
     def set_growth_interval(self, new_interval: int) -> None:
-        validation.check_period(new_interval, "new_interval")
-        self.set_incr_every_n_steps(new_interval)
-
-    def is_enabled(self) -> bool:
-        return self.is_enable()
-
-    # -- state_dict ----------------------------------------------------------------------
+        self.set_incr_every_n_steps(validation.check_period(new_interval, "new_interval"))
 
     def state_dict(self) -> dict[str, Any]:
         """PyTorch's five keys as Python numbers (reads the device); ``{}`` when disabled."""
@@ -220,19 +191,8 @@ class GradScaler(_CoreGradScaler):
         super().load_state_dict(state_dict)
 
 
-# PyTorch's arguments, then the core's keyword-only options, which pass through (but
-# for place, which device= sets).
-_KEYWORDS = validation.keyword_names(GradScaler.__init__) + [
-    name
-    for name in validation.keyword_names(_CoreGradScaler.__init__, keyword_only=True)
-    if name != "place"
-]
-
-
-def _paddle_place(device: Any) -> str | None:
+def _paddle_place(device: Any) -> str:
     """Paddle's device string for a PyTorch or Paddle one; ValueError if unknown."""
-    if device is None:
-        return None
     if not isinstance(device, str):
         raise TypeError(f"device must be a string such as 'cuda' or 'cpu', got {device!r}")
     match = _DEVICE.match(device.strip().lower())
@@ -249,9 +209,6 @@ def _paddle_place(device: Any) -> str | None:
 def _available(place: str) -> bool:
     kind = place.split(":")[0]
     if kind == "gpu":
-        return bool(paddle.device.is_compiled_with_cuda()) and (
-            paddle.device.cuda.device_count() > 0
-        )
-    if kind == "xpu":
-        return bool(paddle.device.is_compiled_with_xpu())
-    return True  # the CPU, or a custom device, which _paddle_place found in Paddle's list
+        return bool(paddle.device.is_compiled_with_cuda()) and paddle.device.cuda.device_count() > 0
+    # The CPU is, and so is a custom device, which _paddle_place found in Paddle's list.
+    return kind != "xpu" or bool(paddle.device.is_compiled_with_xpu())
