@@ -72,7 +72,7 @@ def parse_args(argv=None):
         type=float,
         default=2.0**24,
         help="initial loss scale, large on purpose: watch it back off; the skips at the "
-        "start come from it (from Paddle's 2**16 neither policy skips) (default: 2**24)",
+        "start come from it, and from Paddle's 2**16 neither policy skips (default: 2**24)",
     )
     parser.add_argument(
         "--incr-every",

@@ -148,11 +148,16 @@ def test_resume_is_bit_exact(tmp_path, overflow_steps, policy):
     first.train(range(cut), overflow_steps)
     first.save(tmp_path / "ckpt", step=cut)
     # Fresh objects with other parameter names, other weights and another RNG position;
-    # the resumed scaler is built with the default policy: the checkpoint brings its own.
+    # the resumed scaler is built with the default policy: the checkpoint brings its own,
+    # and says so where they differ.
     make_model(seed=9)
     resumed = Run(seed=123)
     paddle.rand([7])
-    assert resumed.load(tmp_path / "ckpt") == cut
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert resumed.load(tmp_path / "ckpt") == cut
+    followed = [str(w.message) for w in caught if "follows the dict" in str(w.message)]
+    assert len(followed) == (policy != "interval"), followed
     resumed.train(range(cut, total), overflow_steps)
 
     assert_same(resumed.observable(), straight.observable())

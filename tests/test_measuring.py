@@ -141,7 +141,7 @@ def test_measuring_never_changes_what_the_interval_rule_does():
     model_b, _ = run(measured, 8, inject_at=(2, 5), dim=1.0)
     a, b = plain.state_dict(), measured.state_dict()
     np.testing.assert_array_equal(a.pop("scale"), b.pop("scale"))
-    assert a == b
+    assert b.pop("measured")["nonzero"] > 0 and a == b  # all but what was measured
     for p, q in zip(model_a.parameters(), model_b.parameters()):
         np.testing.assert_array_equal(p.numpy(), q.numpy())
 
@@ -225,3 +225,32 @@ def test_the_logs_show_the_measured_numbers_where_there_are_some(measure_every):
     assert (measured <= set(writer.scalars)) == (measure_every is not None)
     if measure_every is not None:
         assert writer.scalars["amp/subnormal_fraction"] == stats.subnormal_fraction
+
+
+@pytest.mark.parametrize("policy", ["interval", "headroom"])
+def test_a_resume_keeps_the_measured_numbers(policy):
+    scaler = GradScaler(policy=policy, init_loss_scaling=2.0**10, measure_every=2)
+    run(scaler, 4)
+    state = scaler.state_dict()
+    assert set(state["measured"]) == {"amax", "subnormal", "nonzero"}
+    resumed = GradScaler(policy=policy, measure_every=2)
+    resumed.load_state_dict(state)
+    assert resumed.stats() == scaler.stats()
+    # A scaler that measured nothing writes no such key; Paddle's dict has none.
+    assert "measured" not in GradScaler().state_dict()
+
+
+@pytest.mark.parametrize(
+    "measured",
+    [{"amax": 1.0, "subnormal": 2}, {"amax": -1.0, "subnormal": 0, "nonzero": 1}, "x"],
+)
+def test_a_bad_measurement_in_a_state_dict_is_refused_and_changes_nothing(measured):
+    source = GradScaler(measure_every=1)
+    run(source, 2)
+    target = GradScaler(init_loss_scaling=8.0)
+    before = target.state_dict()
+    with pytest.raises(ValueError, match=r"state_dict\['measured'\]"):
+        target.load_state_dict({**source.state_dict(), "measured": measured})
+    after = target.state_dict()
+    np.testing.assert_array_equal(after.pop("scale"), before.pop("scale"))
+    assert after == before

@@ -94,6 +94,7 @@ def test_state_dicts_agree_after_the_run(monkeypatch):
         "min_loss_scaling",
         "max_loss_scaling",
         "stats",
+        "policy",
     }
     for key in their_state:
         np.testing.assert_array_equal(our_state[key], their_state[key], err_msg=key)

@@ -140,7 +140,8 @@ def test_both_scalers_share_one_constructor_with_their_own_defaults():
         assert amp.parameters[name].kind == grad.parameters[name].kind
         assert amp.parameters[name].annotation == grad.parameters[name].annotation
     # GradScaler writes its signature out and forwards every argument: built with a value
-    # other than the default for each, both scalers end up alike.
+    # other than the default for each (but use_dynamic_loss_scaling, which a policy
+    # refuses to be fixed with: below), both scalers end up alike.
     arguments = dict(
         enable=True,
         init_loss_scaling=64.0,
@@ -148,7 +149,7 @@ def test_both_scalers_share_one_constructor_with_their_own_defaults():
         decr_ratio=0.25,
         incr_every_n_steps=7,
         decr_every_n_nan_or_inf=2,
-        use_dynamic_loss_scaling=False,
+        use_dynamic_loss_scaling=True,
         policy="headroom",
         min_loss_scaling=2.0,
         max_loss_scaling=2.0**20,
@@ -156,6 +157,7 @@ def test_both_scalers_share_one_constructor_with_their_own_defaults():
         stuck_after=5,
         on_stuck="raise",
         report_overflows=True,
+        measure_every=3,
         group=None,  # a group needs a distributed run
         sync_found_inf=False,
     )
@@ -164,6 +166,8 @@ def test_both_scalers_share_one_constructor_with_their_own_defaults():
     assert repr(built[0]).replace("AmpScaler", "GradScaler") == repr(built[1])
     saved = [scaler.state_dict() for scaler in built]
     assert saved[0].pop("scale") == saved[1].pop("scale") and saved[0] == saved[1]
+    assert "measure_every=3" in repr(built[1])
+    assert not GradScaler(use_dynamic_loss_scaling=False).is_use_dynamic_loss_scaling()
     # And it is what GradScaler() does with no arguments.
     scaler = GradScaler()
     assert (scaler.get_loss_scaling(), scaler.get_incr_every_n_steps()) == (2.0**16, 2000)

@@ -129,7 +129,7 @@ def test_every_part_of_the_scaler_takes_dist_gradients(run, policy, variant):
     if policy == "interval":
         np.testing.assert_array_equal(log, reference_log())
     stats = each_rank(run, f"{key}_stats")
-    iterations, skipped, streak, last_skipped, _, backoffs, scale, _ = stats
+    iterations, skipped, streak, last_skipped, _, backoffs, scale, _, _ = stats
     assert (iterations, skipped, streak, last_skipped, backoffs) == (STEPS, 1, 0, INF_STEP + 1, 1)
     assert scale == log[-1, 1]
     np.testing.assert_array_equal(each_rank(run, f"{key}_reloaded"), stats)
@@ -270,7 +270,8 @@ def test_a_gradient_on_a_mesh_without_this_rank_is_left_out():
     held, elsewhere = on([0], [[1.0, float("inf")]]), on([1], [[1.0, 2.0]])
     assert not elsewhere._local_value()._is_initialized()
     scale, finite = paddle.to_tensor([4.0]), paddle.to_tensor([False])
-    flag, amax = kernels.unscale_and_check_([elsewhere, None], scale, finite, measure=True)
-    assert amax is None and not bool(flag)
-    flag, amax = kernels.unscale_and_check_([held, elsewhere], scale, finite, measure=True)
-    assert bool(flag) and float(amax.numpy()[0]) == float("inf")
+    assert kernels.measure([elsewhere, None]) is None
+    assert not bool(kernels.unscale_and_check_([elsewhere, None], scale, finite))
+    table = kernels.measure([held, elsewhere])
+    assert table.shape == [1, 3] and float(kernels.amax_in(table).numpy()[0]) == float("inf")
+    assert bool(kernels.unscale_and_check_([held, elsewhere], scale, finite))

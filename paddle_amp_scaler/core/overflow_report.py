@@ -231,6 +231,11 @@ class Measurements(TensorsOnHost):
                 table = paddle.where(found, self._table, table)
         self.totals, self._owners, self._table = totals, owners, table
 
+    def load(self, measured: dict[str, float] | None) -> None:
+        """Take the totals a state dict saved (None: none measured yet)."""
+        values = [0.0, 0.0, 0.0] if measured is None else list(measured.values())
+        self.totals = paddle.to_tensor(values, dtype=paddle.float64, place=self.totals.place)
+
     @staticmethod
     def readings(totals: list[float]) -> tuple[float | None, float | None]:
         """``headroom_bits`` and ``subnormal_fraction`` from the values of ``totals``."""

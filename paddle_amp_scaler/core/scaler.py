@@ -570,24 +570,26 @@ class AmpScaler(TensorsOnHost):
         before the first. For an LR scheduler that must not advance on skipped steps."""
         return self.stats().skip_streak > 0
 
-    def _read(self) -> tuple[Memory, ScalerStats]:
-        """The rule's memory and the statistics, in one read of the device."""
+    def _read(self) -> tuple[Memory, ScalerStats, list[float]]:
+        """The rule's memory, the statistics and the measured totals, in one read of the
+        device."""
         self._run.count_pending()
         memory, numbers = self._loss_scale.read(self._run.counts, self._measured.totals)
         counts, totals = numbers[: len(numbers) - 3], numbers[len(numbers) - 3 :]
         headroom_bits, subnormal_fraction = self._measured.readings(totals)
         if self._use_dynamic_loss_scaling:
-            # The rule's own record where it keeps one: it survives a resume.
+            # The rule's own record where it keeps one: a dict of 0.2 has no totals.
             headroom_bits = self._rule.headroom_bits(memory) or headroom_bits
         stats = self._run.stats(counts, float(memory.scale), headroom_bits)
-        return memory, dataclasses.replace(stats, subnormal_fraction=subnormal_fraction)
+        stats = dataclasses.replace(stats, subnormal_fraction=subnormal_fraction)
+        return memory, stats, totals
 
     def state_dict(self) -> dict[str, Any]:
         """The scaler's state in Paddle's format (reads the device); ``{}`` when disabled."""
         if not self._enable:
             return {}
-        memory, stats = self._read()
-        saved = SavedScaler.of(self._rule, memory, stats, self._use_dynamic_loss_scaling)
+        memory, stats, totals = self._read()
+        saved = SavedScaler.of(self._rule, memory, stats, self._use_dynamic_loss_scaling, totals)
         return saved.to_paddle_dict()
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
@@ -611,6 +613,7 @@ class AmpScaler(TensorsOnHost):
         self._use_dynamic_loss_scaling = loaded.use_dynamic_loss_scaling
         if loaded.stats is not None:
             self._run.load(loaded.stats)
+        self._measured.load(loaded.measured)
 
     # -- diagnostics ------------------------------------------------------------------
 
@@ -663,14 +666,19 @@ class AmpScaler(TensorsOnHost):
         that differs from its default."""
         if not self._enable:
             return f"{type(self).__name__}(enable=False)"
+        rule = self._rule
         options = {
             "use_dynamic_loss_scaling": self._use_dynamic_loss_scaling,
-            "policy": self._rule.name,
-            "min_loss_scaling": self._rule.min_scale,
-            "max_loss_scaling": self._rule.max_scale,
+            "policy": rule.name,
+            "min_loss_scaling": rule.min_scale,
+            "max_loss_scaling": rule.max_scale,
             "stuck_after": self._stuck_policy.stuck_after,
             "on_stuck": self._stuck_policy.on_stuck,
             "report_overflows": self._overflows is not None,
+            # Shown where it is not the policy's own.
+            "measure_every": None
+            if rule.measure_every == type(rule).measure_every
+            else rule.measure_every,
             "group": self._sync.group,
             "sync_found_inf": self._sync.enabled,
         }

@@ -19,6 +19,7 @@ from . import validation
 from .headroom import HeadroomRule
 from .interval import IntervalRule, Memory, Rule
 from .statistics import ScalerStats, parse_stats_state
+from .validation import FLOAT32_MAX
 
 # The rules by name: the one place where ``policy="headroom"`` becomes a type; past the
 # constructor and the state dict, the rule itself answers.
@@ -50,10 +51,15 @@ class SavedScaler:
     # the scaler's rule, and its memory starts afresh.
     policy: str | None = None
     memory: dict[str, Any] | None = None
+    # The last finite measured iteration's totals (``Measurements``), where there is one.
+    measured: dict[str, float] | None = None
 
     @classmethod
-    def of(cls, rule: Rule, memory: Memory, stats: ScalerStats, dynamic: bool) -> SavedScaler:
-        """What a scaler under ``rule`` with ``memory`` and ``stats`` saves."""
+    def of(
+        cls, rule: Rule, memory: Memory, stats: ScalerStats, dynamic: bool, totals: list[float]
+    ) -> SavedScaler:
+        """What a scaler under ``rule`` with ``memory``, ``stats`` and measured ``totals``
+        saves."""
         return cls(
             scale=float(memory.scale),
             incr_ratio=rule.incr_ratio,
@@ -67,6 +73,11 @@ class SavedScaler:
             stats=stats,
             policy=rule.name,
             memory=rule.memory_to_state(memory),
+            measured=(
+                {"amax": totals[0], "subnormal": int(totals[1]), "nonzero": int(totals[2])}
+                if any(totals)
+                else None
+            ),
         )
 
     def rule_over(self, current: Rule) -> Rule:
@@ -127,6 +138,8 @@ class SavedScaler:
             fields["min_loss_scaling"], fields["max_loss_scaling"] = self.bounds
         if self.stats is not None:
             fields["stats"] = self.stats.to_state()
+        if self.measured is not None:
+            fields["measured"] = dict(self.measured)
         if self.policy is not None:
             fields["policy"] = self.policy
             state_key = RULES[self.policy].state_key
@@ -219,6 +232,7 @@ def _parsed(state_dict: Mapping[str, Any]) -> SavedScaler:
         ),
         policy=policy,
         memory=memory,
+        measured=_measured_in(state_dict),
     )
 
 
@@ -229,6 +243,23 @@ def _policy_in(state_dict: Mapping[str, Any]) -> str | None:
         if rule.state_key is not None and rule.state_key in state_dict:
             raise ValueError(f"state_dict has {rule.state_key!r} but is missing the key 'policy'")
     return None
+
+
+# What ``measured`` holds: the largest magnitude, the subnormal and the nonzero elements.
+MEASURED_KEYS = ("amax", "subnormal", "nonzero")
+
+
+def _measured_in(state_dict: Mapping[str, Any]) -> dict[str, float] | None:
+    if "measured" not in state_dict:
+        return None
+    value, name = state_dict["measured"], "state_dict['measured']"
+    validation.check_keys(value, name, MEASURED_KEYS)
+    return {
+        key: validation.check_number_within(value[key], f"{name}[{key!r}]", 0, FLOAT32_MAX)
+        if key == "amax"
+        else float(validation.check_int_within(value[key], f"{name}[{key!r}]", 0, 2**63 - 1))
+        for key in MEASURED_KEYS
+    }
 
 
 def _bounds_in(state_dict: Mapping[str, Any]) -> tuple[float, float | None] | None:
