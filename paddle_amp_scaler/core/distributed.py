@@ -1,24 +1,23 @@
 """Ranks in agreement: the found-inf flag reduced over a process group, a check that
 every rank holds the same scaler state, and logs from rank 0 only.
 
-With sharding, tensor or pipeline parallelism each rank checks different gradients; a
-rank that skips a step while another takes it corrupts the model. So the flag of each
-unscale is reduced (MAX) over the group before any rank decides, with Paddle's own
-collective, on the device: every rank skips the same steps, and since the update rule
-and the statistics follow the flag, holds the same scale, counters and statistics.
+With sharding, tensor or pipeline parallelism each rank checks different gradients, and
+a rank that skips a step another takes corrupts the model. So each unscale's flag is
+reduced (MAX) over the group with Paddle's own collective, on the device, before any
+rank decides: every rank skips the same steps and, as the update rule and statistics
+follow the flag, holds the same scale, counters and statistics.
 
-Under Paddle 3's semi-automatic parallelism the gradients are dist tensors and each rank
-checks its shards; the ranks that share them are those of the gradients' process
-meshes, and Paddle may not have set up a global group at all (``dist.all_reduce`` then
-refuses). There the flag is reduced as Paddle reduces a partial tensor: held as a
-partial MAX on the meshes' ranks and made replicated, which is one all-reduce.
+Under Paddle 3's semi-automatic parallelism the ranks that share the dist gradients are
+those of their process meshes, and there may be no global group (``dist.all_reduce``
+refuses): the flag is reduced as Paddle reduces a partial tensor, held as a partial MAX
+on those ranks and made replicated, which is one all-reduce.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import paddle
 import paddle.distributed as dist
@@ -29,12 +28,10 @@ from . import validation
 
 
 class RankZeroOnly(logging.Filter):
-    """Lets a record through on rank 0 only, so that a run of N ranks logs once, not N times.
-
-    Installed on the ``paddle_amp_scaler`` logger; remove it
+    """Lets a record through on rank 0 only, so that a run of N ranks logs once, not N
+    times. Installed on the ``paddle_amp_scaler`` logger; remove it
     (``logging.getLogger("paddle_amp_scaler").removeFilter(rank_zero_only)``) to hear
-    from every rank.
-    """
+    from every rank."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         return on_rank_zero()
@@ -60,13 +57,10 @@ class FoundInfSync:
     def agree(
         self, flag: Tensor, amax: Tensor | None, mesh: Any = None
     ) -> tuple[Tensor, Tensor | None]:
-        """An unscale's found-inf ``flag`` OR-ed over the group's ranks, and its ``amax``
-        (where measured) the largest over them, on the device, no read, in one
-        collective; both as they are when no reduction is due. A reduced flag is known on
-        the device only: another rank's gradients may have overflowed.
-
-        ``mesh``: the process mesh of the unscale's dist gradients (``mesh_of``), whose
-        ranks then agree, rather than ``group``'s.
+        """An unscale's found-inf ``flag`` OR-ed over the ranks, and its ``amax`` (where
+        measured) the largest over them, on the device, no read, in one collective; both
+        as they are when no reduction is due. The ranks: those of ``mesh``, the process
+        mesh of the unscale's dist gradients (``mesh_of``), else ``group``'s.
 
         Every rank must call this for the same unscales in the same order, whatever its
         gradients: the scaler calls it once per unscale, gradients or none.
@@ -85,24 +79,20 @@ class FoundInfSync:
         on the device; ``values`` themselves when no reduction is due."""
         if not self._reduces(mesh):
             return values
-        return _largest_over_ranks(values, self.group, mesh)
+        if mesh is None:
+            dist.all_reduce(values, op=dist.ReduceOp.MAX, group=self.group)
+            return values
+        largest = [dist.Partial(dist.ReduceType.kRedMax)] * mesh.ndim
+        partial = paddle.base.core.dtensor_from_local(values, mesh, largest)
+        return dist.reshard(partial, mesh, [dist.Replicate()] * mesh.ndim)._local_value()
 
     def _reduces(self, mesh: Any) -> bool:
-        """Whether a reduction is due now: over ``mesh`` where there is one, else where
-        ``paddle.distributed`` runs several ranks, checked at each call (a fraction of a
-        microsecond), so that a scaler built before ``init_parallel_env`` reduces once it
-        has run."""
-        return self.enabled and (mesh is not None or spans_ranks(self.group))
-
-
-def _largest_over_ranks(values: Tensor, group: Group | None, mesh: Any) -> Tensor:
-    if mesh is None:
-        dist.all_reduce(values, op=dist.ReduceOp.MAX, group=group)
-        return values
-    largest = [dist.Partial(dist.ReduceType.kRedMax)] * mesh.ndim
-    partial = paddle.base.core.dtensor_from_local(values, mesh, largest)
-    replicated = dist.reshard(partial, mesh, [dist.Replicate()] * mesh.ndim)
-    return replicated._local_value()
+        """Whether a reduction is due: over ``mesh`` where there is one, else where
+        ``group`` has several ranks, asked at each call (a fraction of a microsecond) so
+        that a scaler built before ``init_parallel_env`` reduces once it has run."""
+        if not self.enabled or mesh is not None:
+            return self.enabled
+        return bool(dist.is_initialized() and dist.get_world_size(self.group) > 1)
 
 
 def mesh_of(grads: Sequence[Tensor | None]) -> Any:
@@ -115,19 +105,10 @@ def mesh_of(grads: Sequence[Tensor | None]) -> Any:
     return dist.ProcessMesh(sorted(ranks)) if ranks else None
 
 
-def spans_ranks(group: Group | None) -> bool:
-    """Whether ``paddle.distributed`` is initialised with more than one rank in
-    ``group`` (None: the global group)."""
-    return bool(dist.is_initialized() and dist.get_world_size(group) > 1)
-
-
 def check_consistency(scaler: Any, group: Group | None) -> None:
-    """Gather ``scaler``'s scale, counters and statistics from every rank of ``group`` and
-    raise ``RuntimeError`` naming the ranks and the values that differ from rank 0's (or
-    the group's first rank's).
-
-    A collective: every rank of the group must call it. Reads the device.
-    """
+    """``RuntimeError`` naming the ranks of ``group`` whose ``scaler`` holds another
+    scale, counters or statistics than the group's first rank, and the values. A
+    collective (every rank of the group must call it) that reads the device."""
     # Under semi-automatic parallelism the global group may not be set up: the launcher's
     # world size counts the ranks all the same.
     if dist.get_world_size(group) <= 1:
@@ -139,8 +120,7 @@ def check_consistency(scaler: Any, group: Group | None) -> None:
         "decr_count": scaler.get_decr_count(),
         **stats.to_state(),
     }
-    names = list(values)
-    mine = paddle.to_tensor([float(values[name]) for name in names], dtype=paddle.float64)
+    mine = paddle.to_tensor([float(value) for value in values.values()], dtype=paddle.float64)
     rows = _rows_of_every_rank(mine, group)
     ranks = list(group.ranks) if group is not None else list(range(len(rows)))
     reference = rows[0]
@@ -148,7 +128,7 @@ def check_consistency(scaler: Any, group: Group | None) -> None:
         f"rank {rank}: "
         + ", ".join(
             f"{name} {value:g} (rank {ranks[0]}: {expected:g})"
-            for name, value, expected in zip(names, row, reference)
+            for name, value, expected in zip(values, row, reference)
             if value != expected
         )
         for rank, row in zip(ranks, rows)
@@ -174,5 +154,4 @@ def _rows_of_every_rank(mine: Tensor, group: Group | None) -> list[list[float]]:
     mesh = dist.ProcessMesh(list(range(dist.get_world_size())))
     rows = paddle.base.core.dtensor_from_local(mine.reshape([1, -1]), mesh, [dist.Shard(0)])
     replicated = dist.reshard(rows, mesh, [dist.Replicate()])
-    gathered_rows: list[list[float]] = replicated._local_value().numpy().tolist()
-    return gathered_rows
+    return cast("list[list[float]]", replicated._local_value().numpy().tolist())

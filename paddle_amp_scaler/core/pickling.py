@@ -1,9 +1,7 @@
-"""Pickling on every Paddle: a scaler's device tensors travel as NumPy arrays.
-
-Paddle 2.6's tensors do not pickle, and Paddle 3's pickle with whatever place they
-had. A scaler, its statistics and its overflow report pickle their tensors as host
-arrays with the name of their device, so that a pickled scaler (and a deep copy, which
-goes the same way) continues its run exactly on any supported Paddle.
+"""Pickling on every Paddle: a scaler's device tensors (its statistics' and overflow
+report's too) travel as NumPy arrays with the name of their device, so that a pickled or
+deep-copied scaler continues its run exactly on any supported Paddle: Paddle 2.6's
+tensors do not pickle, and Paddle 3's pickle with whatever place they had.
 """
 
 from __future__ import annotations
@@ -29,19 +27,15 @@ class TensorsOnHost:
     pickling may cost."""
 
     def __getstate__(self) -> dict[str, Any]:
-        state: dict[str, Any] = to_host(self.__dict__)
+        state: dict[str, Any] = _each(
+            self.__dict__, Tensor, lambda tensor: _OnHost(tensor.numpy(), _device_of(tensor.place))
+        )
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(to_device(state))
-
-
-def to_host(value: Any) -> Any:
-    return _each(value, Tensor, lambda tensor: _OnHost(tensor.numpy(), _device_of(tensor.place)))
-
-
-def to_device(value: Any) -> Any:
-    return _each(value, _OnHost, lambda held: paddle.to_tensor(held.values, place=held.device))
+        self.__dict__.update(
+            _each(state, _OnHost, lambda held: paddle.to_tensor(held.values, place=held.device))
+        )
 
 
 def _each(value: Any, kind: type, convert: Callable[[Any], Any]) -> Any:

@@ -1,11 +1,9 @@
 """Argument checks shared by the constructors, the setters and ``load_state_dict``, and
-the limits of the numbers a scaler keeps, each written once.
-
-Each check returns the value normalised to a plain Python type, or raises ``TypeError``
-(wrong kind of value) or ``ValueError`` (out of range) naming the argument. The scale
-lives in float32 on the device and its streak counters in int32, the types of Paddle's
-``update_loss_scaling`` kernel, whose periods are C int attributes; gradients in float16
-turn into inf above float16's largest value.
+the limits of the numbers a scaler keeps, each written once. Each check returns the
+value as a plain Python type, or raises ``TypeError`` (wrong kind) or ``ValueError`` (out
+of range) naming the argument. The scale lives in float32 on the device and its streak
+counters in int32, as in Paddle's ``update_loss_scaling`` kernel, whose periods are C int
+attributes; gradients in float16 turn into inf above float16's largest value.
 """
 
 from __future__ import annotations
@@ -72,13 +70,8 @@ def check_decr_ratio(value: Any, name: str = "decr_ratio") -> float:
 
 
 def check_period(value: Any, name: str, *, integral_float: bool = False) -> int:
-    """A number of steps between scale changes: an int from 1 to 2**31 - 1; with
-    ``integral_float``, a whole float such as 2.0 too (Paddle's and tf-keras' scalers
-    take one), returned as an int."""
-    period = _integer(value, name, integral_float)
-    if not 1 <= period <= INT32_MAX:
-        raise ValueError(f"{name} must be an int >= 1 (and < 2**31), got {value!r}")
-    return period
+    """A number of steps between scale changes."""
+    return check_int_within(value, name, 1, INT32_MAX, integral_float=integral_float)
 
 
 def check_rule_settings(
@@ -86,15 +79,13 @@ def check_rule_settings(
 ) -> dict[str, Any]:
     """Paddle's four arguments of a dynamic rule, as a rule's settings. Paddle's scaler
     takes the periods unchecked, so code may give 1000.0."""
+    periods = dict(
+        incr_every_n_steps=incr_every_n_steps, decr_every_n_nan_or_inf=decr_every_n_nan_or_inf
+    )
     return {
         "incr_ratio": check_incr_ratio(incr_ratio),
         "decr_ratio": check_decr_ratio(decr_ratio),
-        "incr_every_n_steps": check_period(
-            incr_every_n_steps, "incr_every_n_steps", integral_float=True
-        ),
-        "decr_every_n_nan_or_inf": check_period(
-            decr_every_n_nan_or_inf, "decr_every_n_nan_or_inf", integral_float=True
-        ),
+        **{name: check_period(value, name, integral_float=True) for name, value in periods.items()},
     }
 
 
@@ -123,16 +114,18 @@ def check_keys(value: Any, name: str, keys: Sequence[str]) -> Mapping[str, Any]:
     return value
 
 
-def check_int_within(value: Any, name: str, lower: int, upper: int) -> int:
-    """An int from ``lower`` to ``upper``."""
-    whole = _integer(value, name)
+def check_int_within(
+    value: Any, name: str, lower: int, upper: int, *, integral_float: bool = False
+) -> int:
+    """An int from ``lower`` to ``upper``; with ``integral_float``, a whole float such as
+    2.0 too (Paddle's and tf-keras' scalers take one), returned as an int."""
+    whole = _integer(value, name, integral_float)
     if not lower <= whole <= upper:
         raise ValueError(f"{name} must be an int from {lower} to {upper}, got {value!r}")
     return whole
 
 
 def check_number_within(value: Any, name: str, lower: float, upper: float) -> float:
-    """A real number from ``lower`` to ``upper``."""
     number = _real(value, name)
     if not lower <= number <= upper:
         raise ValueError(f"{name} must be a number from {lower!r} to {upper!r}, got {value!r}")
@@ -164,7 +157,6 @@ def check_report_overflows(value: Any) -> Any:
 
 
 def check_group(value: Any, group_type: type) -> Any:
-    """None, or a ``paddle.distributed`` group (``group_type``)."""
     if value is not None and not isinstance(value, group_type):
         raise TypeError(
             "group must be None or a paddle.distributed group (from "
@@ -178,10 +170,8 @@ def check_place(value: Any, name: str = "place") -> Any:
     "gpu:1", or a Paddle place object. Paddle itself refuses a string it cannot parse."""
     if value is None or isinstance(value, str) or type(value).__name__.endswith("Place"):
         return value
-    raise TypeError(
-        f'{name} must be None, a device string such as "cpu" or "gpu:0", or a Paddle '
-        f"place, got {value!r} ({type(value).__name__})"
-    )
+    wanted = 'None, a device string such as "cpu" or "gpu:0", or a Paddle place'
+    raise TypeError(f"{name} must be {wanted}, got {value!r} ({type(value).__name__})")
 
 
 def check_bounds(
@@ -231,11 +221,9 @@ def check_keywords(
         return
 
     def fix(name: str) -> str:
-        advised = advice(name)
-        if advised is not None:
-            return advised
         close = difflib.get_close_matches(name, known, n=1)
-        return f"did you mean {close[0]!r}?" if close else f"it takes {', '.join(known)}"
+        meant = f"did you mean {close[0]!r}?" if close else f"it takes {', '.join(known)}"
+        return advice(name) or meant
 
     raise UnknownArgumentError(
         f"{owner} does not take " + "; ".join(f"{name!r} ({fix(name)})" for name in unknown)
@@ -245,32 +233,22 @@ def check_keywords(
 def keyword_names(function: Callable[..., Any], keyword_only: bool = False) -> list[str]:
     """The arguments of ``function`` that can be given by keyword (``self`` left out),
     or only those that must be."""
-    kinds = (inspect.Parameter.KEYWORD_ONLY,) + (
-        () if keyword_only else (inspect.Parameter.POSITIONAL_OR_KEYWORD,)
-    )
-    return [
-        name
-        for name, parameter in inspect.signature(function).parameters.items()
-        if parameter.kind in kinds and name != "self"
-    ]
+    kinds = {"KEYWORD_ONLY"} if keyword_only else {"KEYWORD_ONLY", "POSITIONAL_OR_KEYWORD"}
+    parameters = inspect.signature(function).parameters.values()
+    return [each.name for each in parameters if each.kind.name in kinds and each.name != "self"]
 
 
 def keyword_defaults(function: Callable[..., Any]) -> dict[str, Any]:
-    """The default value of each argument of ``function`` that has one."""
-    return {
-        name: parameter.default
-        for name, parameter in inspect.signature(function).parameters.items()
-        if parameter.default is not inspect.Parameter.empty
-    }
+    parameters = inspect.signature(function).parameters.values()
+    return {each.name: each.default for each in parameters if each.default is not each.empty}
 
 
 _Init = TypeVar("_Init", bound=Callable[..., None])
 
 
 def keywords_checked(init: _Init) -> _Init:
-    """Decorate an ``__init__`` so that an unknown keyword raises
-    ``UnknownArgumentError`` with "did you mean", where Python's own ``TypeError`` names
-    only the first one and suggests nothing."""
+    """Decorate an ``__init__`` so that unknown keywords raise ``UnknownArgumentError``
+    (Python's own ``TypeError`` names only the first one and suggests nothing)."""
     known = keyword_names(init)
 
     @functools.wraps(init)
