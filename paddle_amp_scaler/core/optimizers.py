@@ -1,7 +1,7 @@
 """An optimizer in the scaler's hands: what it updates (its parameters and their
 gradients, through wrappers too), what the scaler knows of it during an iteration
 (``OptimizerRecord``: its stage and its verdict; unscaled, then stepped, at most once
-each), and how its step is skipped when the gradients hold inf/nan (``Skip``): leaving
+each), and how its step is skipped when the gradients hold inf/nan (``step_or_skip``): leaving
 every parameter and optimizer accumulator bit for bit as it was, without the scaler
 waiting for the device to decide.
 """
@@ -211,76 +211,58 @@ SKIPPED = object()
 _CLIPS_THAT_KEEP_ZERO = (ClipGradByGlobalNorm, ClipGradByNorm, ClipGradByValue)
 
 
-@dataclasses.dataclass
-class Skip:
-    """Steps ``optimizer`` so that it changes nothing where the verdict found inf/nan, in
-    the first of four ways that applies, each with its reason. ``params``, ``grads``: what
-    was unscaled and checked (None where a replaced ``_unscale`` did that); ``rule`` lends
-    its stand-ins; ``noted``: the optimizer types whose host read was logged."""
-
-    optimizer: Any
-    params: list[Any] | None
-    grads: list[Tensor | None] | None
-    rule: Rule
-    noted: set[type]
-
-    def step(self, run_step: Callable[[], Any], verdict: Verdict) -> tuple[Any, bool | None]:
-        """``run_step()``'s result (or SKIPPED), and the verdict as a host bool where the
-        step came to know it at no cost of its own (the scaler then applies its rule on
-        the host), else None."""
-        optimizer = self.optimizer
-        if verdict.on_host is not None:
-            # Decided on the host already (a replaced _unscale did): skip by not calling
-            # the optimizer, which then reads no flag.
-            return (SKIPPED if verdict.on_host else run_step()), verdict.on_host
-        flag = cast(Tensor, verdict.flag)
-        if zero_grads_make_no_update(optimizer, self.params):
-            # Zeroed on the device where inf/nan was found, the gradients make the step
-            # p - lr * 0 == p, with no read at all.
-            grads = self.grads if self.grads is not None else grads_of(parameters_of(optimizer))
-            kernels.zero_if_found_(grads, flag, lambda dtype: self.rule.stand_in(flag.place, dtype))
-            # A flag left over from another scaler would make Paddle read it.
-            optimizer._set_auxiliary_var("found_inf", None)
-            return run_step(), None
-        taker = first_wrapped(
-            optimizer, lambda it: callable(getattr(it, "_set_auxiliary_var", None))
-        )
-        if taker is not None:
-            # A Paddle optimizer (or the one a wrapper drives) skips its update when the
-            # flag is set, reading it once per step, as under Paddle's own scaler; it
-            # leaves it behind as a Python bool: the verdict on the host, free.
-            taker._set_auxiliary_var("found_inf", flag)
-            try:
-                result = run_step()
-                left = getattr(taker, "_get_auxiliary_var", lambda name: None)("found_inf")
-                return result, left if isinstance(left, bool) else None
-            finally:
-                # Left set, the flag would also skip a later step made without the scaler.
-                taker._set_auxiliary_var("found_inf", None)
-        if type(optimizer) not in self.noted:
-            # Once per optimizer class and scaler: the cost is per step, the news is not.
-            self.noted.add(type(optimizer))
-            logger.info(
-                "%s takes no found-inf flag (no _set_auxiliary_var, nor an inner Paddle "
-                "optimizer that has one): the scaler reads the flag on the host before each "
-                "step, a device sync on GPU",
-                type(optimizer).__qualname__,
-            )
-        # It takes no flag: the scaler reads it before the step, the one read API.md allows.
-        found = bool(flag)
-        return (SKIPPED if found else run_step()), found
-
-
-def choose(
+def step_or_skip(
     optimizer: Any,
-    verdict: Verdict,
-    params: list[Any] | None,
-    grads: list[Tensor | None] | None,
+    run_step: Callable[[], Any],
+    record: OptimizerRecord,
     rule: Rule,
     noted: set[type],
-) -> Skip:
-    """``optimizer``'s ``Skip``, whose ``step`` is then given ``verdict`` and picks its way."""
-    return Skip(optimizer, params, grads, rule, noted)
+) -> tuple[Any, bool | None]:
+    """Step ``optimizer`` so that it changes nothing where ``record``'s verdict found
+    inf/nan, in the first of four ways that applies, each with its reason. Returns
+    ``run_step()``'s result (or SKIPPED), and the verdict as a host bool where the step
+    came to know it at no cost of its own (the scaler then applies its rule on the host),
+    else None. ``rule`` lends its stand-ins; ``noted``: the optimizer types whose host read
+    was logged."""
+    verdict = cast(Verdict, record.verdict)
+    if verdict.on_host is not None:
+        # Decided on the host already (a replaced _unscale did): skip by not calling
+        # the optimizer, which then reads no flag.
+        return (SKIPPED if verdict.on_host else run_step()), verdict.on_host
+    flag = cast(Tensor, verdict.flag)
+    if zero_grads_make_no_update(optimizer, record.params):
+        # Zeroed on the device where inf/nan was found, the gradients make the step
+        # p - lr * 0 == p, with no read at all.
+        grads = record.grads if record.grads is not None else grads_of(parameters_of(optimizer))
+        kernels.zero_if_found_(grads, flag, lambda dtype: rule.stand_in(flag.place, dtype))
+        # A flag left over from another scaler would make Paddle read it.
+        optimizer._set_auxiliary_var("found_inf", None)
+        return run_step(), None
+    taker = first_wrapped(optimizer, lambda it: callable(getattr(it, "_set_auxiliary_var", None)))
+    if taker is not None:
+        # A Paddle optimizer (or the one a wrapper drives) skips its update when the
+        # flag is set, reading it once per step, as under Paddle's own scaler; it
+        # leaves it behind as a Python bool: the verdict on the host, free.
+        taker._set_auxiliary_var("found_inf", flag)
+        try:
+            result = run_step()
+            left = getattr(taker, "_get_auxiliary_var", lambda name: None)("found_inf")
+            return result, left if isinstance(left, bool) else None
+        finally:
+            # Left set, the flag would also skip a later step made without the scaler.
+            taker._set_auxiliary_var("found_inf", None)
+    if type(optimizer) not in noted:
+        # Once per optimizer class and scaler: the cost is per step, the news is not.
+        noted.add(type(optimizer))
+        logger.info(
+            "%s takes no found-inf flag (no _set_auxiliary_var, nor an inner Paddle "
+            "optimizer that has one): the scaler reads the flag on the host before each "
+            "step, a device sync on GPU",
+            type(optimizer).__qualname__,
+        )
+    # It takes no flag: the scaler reads it before the step, the one read API.md allows.
+    found = bool(flag)
+    return (SKIPPED if found else run_step()), found
 
 
 def zero_grads_make_no_update(optimizer: Any, params: list[Any] | None = None) -> bool:

@@ -292,10 +292,9 @@ class AmpScaler(TensorsOnHost):
                 del self._optimizer_states[id(optimizer)]
                 raise
         verdict = cast(Verdict, record.verdict)  # every unscale leaves one
-        skip = optimizers.choose(
-            optimizer, verdict, record.params, record.grads, self._rule, self._noted_types
+        result, on_host = optimizers.step_or_skip(
+            optimizer, run_step, record, self._rule, self._noted_types
         )
-        result, on_host = skip.step(run_step, verdict)
         if on_host is not None:
             verdict = record.verdict = dataclasses.replace(verdict, on_host=on_host)
         record.stage = OptimizerState.STEPPED
