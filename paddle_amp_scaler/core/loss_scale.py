@@ -1,13 +1,9 @@
 """``LossScale``: a rule and its memory on the device, moved once per iteration.
 
-The streak counters follow from the verdicts alone (``Rule.count``). Paddle's
-optimizers read the found-inf flag they are handed and leave it behind as a Python bool,
-so in most training loops the verdict reaches the host at no cost of the scaler's. While
-it does, the counters are kept on the host, and the device is touched only in the
-iterations where the rule acts or measures: as with Paddle's own scaler, an iteration
-costs no device operation at all. A verdict known on the device only (plain SGD's skip
-by zeroing, MindSpore's ``adjust`` of a tensor) runs the rule's device form, counters
-included; the host learns them again at the next read.
+Paddle's optimizers leave the found-inf flag behind as a Python bool, so the verdict
+mostly reaches the host for free: the counters then follow on the host (``Rule.count``)
+and the device is touched only where the rule acts or measures. A verdict known on the
+device only (plain SGD's skip by zeroing, MindSpore's ``adjust``) runs the device form.
 """
 
 from __future__ import annotations
@@ -27,12 +23,9 @@ from .validation import FLOAT32_MAX
 
 
 class LossScale(TensorsOnHost):
-    """The scale under ``rule``, with the rule's memory as [1] tensors on ``place``.
-
-    ``memory.scale`` is always current; it is the tensor Paddle's trainers know as the
-    scaler's ``_scale``. The counters on the device may lag the host's copy
-    (``_counters``) until the rule's device form next runs.
-    """
+    """The scale under ``rule``, with the rule's memory as [1] tensors on ``place``;
+    ``memory.scale``, always current, is the scaler's ``_scale``. The device's counters
+    may lag the host's (``_counters``) until the rule's device form next runs."""
 
     def __init__(self, rule: Rule, scale: float, place: Any) -> None:
         self.rule = rule
@@ -52,10 +45,9 @@ class LossScale(TensorsOnHost):
         self.memory = dataclasses.replace(self.memory, scale=scale)
 
     def advance(self, verdict: Verdict, iteration: int) -> bool | Tensor:
-        """Move the memory by the rule after ``iteration`` (1-based), from its verdict
-        (and, where it was measured, its amax); return whether the rule acted (grew or
-        backed off): a host bool where the verdict and the counters are on the host, else
-        a bool [1] tensor."""
+        """Move the memory by the rule after ``iteration`` (1-based), from its verdict (and
+        amax, where measured); return whether the rule acted: a host bool where the verdict
+        and the counters are on the host, else a bool [1] tensor."""
         found = verdict.on_host
         if found is not None and self._counters is not None:
             incr_count, decr_count, acts = self.rule.count(*self._counters, found)
@@ -131,14 +123,9 @@ class LossScale(TensorsOnHost):
             getattr(local_memory, name).fill_(number)
         self._counters, self._counters_on_device = (memory.incr_count, memory.decr_count), True
 
-    def set_counters(self, incr_count: int | None = None, decr_count: int | None = None) -> None:
-        """Set either counter, or both (a read of the device where the host lost them)."""
-        incr, decr = self.counters()
-        self._counters = (
-            incr if incr_count is None else incr_count,
-            decr if decr_count is None else decr_count,
-        )
-        self._counters_on_device = False
+    def set_counters(self, incr_count: int, decr_count: int) -> None:
+        """Set the counters on the host; the device takes them when the rule next runs there."""
+        self._counters, self._counters_on_device = (incr_count, decr_count), False
 
     def _local_memory(self) -> Memory:
         """The memory as this rank holds it: Paddle may have made the scale a dist tensor

@@ -1,18 +1,9 @@
 """AmpScaler and GradScaler: the per-iteration state machine around Paddle's AMP kernels.
 
-One step visits each stage once, in order, each in a module of its own: what to step
-(``optimizers``: parameters and gradients), unscale and check (``kernels``), agree across
-ranks (``distributed``), step or skip (``optimizers``), and at the iteration's end the
-rule (``loss_scale``, ``interval``, ``headroom``) and the count (``statistics``).
-
-Other modules reach the scaler through three doors, and no other (a test reads their
-source to keep it so):
-
-* the public API: Paddle's methods, the getters and setters, ``stats()`` and the rest;
-* ``PADDLE_CONTRACT``: the private fields Paddle's own trainers and fleet read and
-  write, with Paddle's meaning (API.md, "Drop-in");
-* ``EXTENSION_INTERFACE``: what a face (``compat``) needs beyond the public API, each
-  operation documented where it is defined and listed in ``docs/architecture.md``.
+One step visits each stage once, in order, each in a module of its own
+(``docs/architecture.md``, "One training step"). Other modules reach the scaler through
+the public API, ``PADDLE_CONTRACT`` and ``EXTENSION_INTERFACE`` only (a test reads their
+source to keep it so).
 """
 
 from __future__ import annotations
@@ -34,7 +25,7 @@ from .loss_scale import LossScale
 from .optimizers import OptimizerRecord, Verdict
 from .overflow_report import Measurements, OverflowEntry, UnderflowEntry, recorder_for
 from .pickling import TensorsOnHost
-from .state_dict import SavedScaler, parse_state_dict, rule_named
+from .state_dict import parse_state_dict, rule_named, saved_state
 from .statistics import OnStuck, RunStatistics, ScalerStats, StuckPolicy
 
 # Paddle's private fields that its trainers and distributed wrappers use, kept with
@@ -62,15 +53,10 @@ EXTENSION_INTERFACE = (
 class AmpScaler(TensorsOnHost):
     """Dynamic loss scaling for Paddle dygraph, with the API of Paddle's ``AmpScaler``.
 
-    Once per iteration the scale moves by its rule: ``IntervalRule`` by default (back off
-    after ``decr_every_n_nan_or_inf`` iterations with inf/nan, grow after
-    ``incr_every_n_steps`` finite ones), or ``HeadroomRule`` (fit the scale, either way,
-    to the peak of the gradients it measures, a bit below float16's ceiling), and a step
-    whose gradients hold inf/nan leaves parameters and optimizer state untouched. The
-    scale and the verdict stay on the device, the counters too unless the optimizer
-    leaves the verdict on the host: ``scale``, ``unscale_``, ``minimize``, ``step`` and
-    ``update`` never wait for the device; the getters, ``stats`` and ``state_dict`` read
-    it.
+    Once per iteration the scale moves by its rule (``policy``), and a step whose
+    gradients hold inf/nan leaves parameters and optimizer state untouched. ``scale``,
+    ``unscale_``, ``minimize``, ``step`` and ``update`` never wait for the device; the
+    getters, ``stats`` and ``state_dict`` read it.
 
     Args:
         enable: False makes every method a pass-through (``scale`` returns the loss).
@@ -79,37 +65,28 @@ class AmpScaler(TensorsOnHost):
         decr_ratio: the factor of a back-off (between 0 and 1).
         incr_every_n_steps: finite iterations in a row before a growth.
         decr_every_n_nan_or_inf: iterations with inf/nan in a row before a back-off.
-        use_dynamic_loss_scaling: False keeps the scale fixed (steps with inf/nan are
-            still skipped).
+        use_dynamic_loss_scaling: False keeps the scale fixed (inf/nan steps still skip).
         policy: how the dynamic scale moves: ``"interval"`` (Paddle's rule) or
-            ``"headroom"`` (measures the gradients' largest magnitude and fits the scale
-            to the largest of late, a bit below float16's ceiling; ``incr_every_n_steps``
-            is then how long a level that overflowed is held off).
-        min_loss_scaling: the scale never falls below it (default 1.0; a value below
-            1.0 is honoured too).
-        max_loss_scaling: the scale never grows above it (default None: float32's
-            largest value).
-        place: where the scale lives, a device string or a Paddle place (default
-            Paddle's current device).
+            ``"headroom"`` (fits the scale to the measured peak of the gradients, a bit
+            below float16's ceiling; ``incr_every_n_steps`` holds off a level that overflowed).
+        min_loss_scaling: the scale's floor (default 1.0; one below 1.0 is honoured too).
+        max_loss_scaling: the scale's ceiling (default None: float32's largest value).
+        place: where the scale lives, a device string or a Paddle place (default: the
+            current device).
         stuck_after: after this many skipped iterations in a row, apply ``on_stuck``
-            (default None: never; the streak is read every ``min(stuck_after, 100)``
-            iterations).
+            (default None: never; read every ``min(stuck_after, 100)`` iterations).
         on_stuck: ``"warn"`` (one ``RuntimeWarning`` per streak, from rank 0), ``"raise"``
             (``LossScaleStuckError``) or a callable taking ``ScalerStats``.
         report_overflows: count inf and nan per gradient, for ``overflow_report`` and a
             log line per skipped iteration (one read per iteration): True, or the model,
-            whose structured names (``encoder.0.weight``) the report and the log lines
-            then both use, rather than Paddle's (``linear_0.w_0``).
+            whose names (``encoder.0.weight``) both then use, not Paddle's (``linear_0.w_0``).
         measure_every: measure the scaled gradients, with no read, in the first three
-            iterations and every ``measure_every``-th after: how far below float16's
-            ceiling they reach and what share sits in its subnormal range, near its
-            floor (``stats()``, ``underflow_report``). Default None: off under
-            ``"interval"`` (a step costs what Paddle's does), every 64th under
-            ``"headroom"``, which fits the scale to what it measures.
-        group: the ``paddle.distributed`` group whose ranks agree on every verdict
+            iterations and every ``measure_every``-th after, for ``stats()`` and
+            ``underflow_report``. Default None: off under ``"interval"`` (a step costs
+            what Paddle's does), every 64th under ``"headroom"``, which fits to it.
+        group: the ``paddle.distributed`` group whose ranks agree on each verdict
             (default None: every rank).
-        sync_found_inf: False skips that agreement, for ranks whose gradients are
-            identical anyway.
+        sync_found_inf: False skips that agreement, for ranks with identical gradients.
     """
 
     @validation.keywords_checked
@@ -203,23 +180,31 @@ class AmpScaler(TensorsOnHost):
         loaded state dict saved under the other policy changes it, with a warning)."""
         return self._rule.name
 
-    # -- the training step ------------------------------------------------------------
-
     def scale(self, var: Tensor) -> Tensor:
         """Return ``var * scale`` (float32, or float64 for a float64 ``var``), same shape."""
         if not isinstance(var, Tensor):
             raise TypeError(f"scale() takes a paddle.Tensor as var, got {type(var).__name__}")
-        self._switch_off_for_bfloat16()
+        # bfloat16 has float32's exponent range: gradients do not underflow, and scaling
+        # only costs time. Paddle's scaler also switches off when no auto_cast was
+        # entered at all (the global dtype then reads float32); this one does not.
+        bfloat16 = amp_global_state().amp_dtype == "bfloat16"
+        if bfloat16 and self._enable and self._use_dynamic_loss_scaling:
+            warnings.warn(
+                "dynamic loss scaling is not needed under auto_cast(dtype='bfloat16'); the "
+                "scaler switches itself off (is_enable() and is_use_dynamic_loss_scaling() "
+                "are now False)",
+                UserWarning,
+                stacklevel=2,
+            )
+            self._enable = self._use_dynamic_loss_scaling = False
         if not self._enable or not var._is_initialized():
             return var
         return kernels.scaled(var, self._loss_scale.scale)
 
     def unscale_(self, optimizer: Any) -> None:
-        """Divide the optimizer's gradients by the scale in place and check them for inf/nan.
-
-        Call it at most once per optimizer per iteration, before ``step``; it is what
-        lets you clip or inspect true gradient values.
-        """
+        """Divide the optimizer's gradients by the scale in place and check them for inf/nan,
+        to clip or inspect true values: at most once per optimizer per iteration, before
+        ``step``."""
         optimizers.check_optimizer(optimizer, "unscale_")
         if not self._enable:
             optimizers.refuse_without_parameters(optimizer)
@@ -240,23 +225,17 @@ class AmpScaler(TensorsOnHost):
 
     def _unscale(self, optimizer: Any) -> None:
         """Unscale and check one optimizer's gradients; the verdict goes to ``_found_inf``.
-
-        Paddle's name; reached through the instance, so that a wrapper that replaces it
-        (fleet's ``distributed_scaler`` does) takes effect.
-        """
+        Paddle's name, reached through the instance: a wrapper may replace it (fleet's
+        ``distributed_scaler`` does)."""
         if not self._enable:
             return
         record = self._optimizer_states[id(optimizer)]
         record.refuse_unscale()
         params = optimizers.parameters_of(optimizer)
         grads = optimizers.grads_of(params)
-        scale, all_finite = self._loss_scale.scale, self._temp_found_inf_value_false
         if self._overflows is not None:
             self._overflows.count_(params, grads)
-        # Measured first: the unscale writes the gradients in place.
-        table = kernels.measure(grads) if self._measures_now() else None
-        flag = kernels.unscale_and_check_(grads, scale, all_finite)
-        self._record_verdict(record, flag, table, params, grads)
+        self._check_gradients(record, params, grads)
 
     # -- the extension interface (EXTENSION_INTERFACE) -----------------------------------
 
@@ -268,20 +247,18 @@ class AmpScaler(TensorsOnHost):
         skipped: Any = None,
         given_grads: Sequence[Tensor] | None = None,
     ) -> Any:
-        """Step or skip one optimizer: unscale its gradients unless done (or, with
-        ``given_grads``, check those true gradients instead), then ``run_step()`` so that
-        it changes nothing if they hold inf/nan. Returns what ``run_step`` returned, or
-        ``skipped`` when the scaler skipped it without calling it.
-
-        Every face's step goes through here: ``step``, ``minimize``, the dialects.
-        """
+        """Step or skip one optimizer, as every face's step does: unscale its gradients
+        unless done (or, with ``given_grads``, check those true gradients instead), then
+        ``run_step()`` so that it changes nothing if they hold inf/nan. Returns what
+        ``run_step`` returned, or ``skipped`` where the scaler did not call it."""
         if not self._enable:
             optimizers.refuse_without_parameters(optimizer)
             return run_step()
         record = self._optimizer_states[id(optimizer)]
         record.refuse_step()
         if given_grads is not None:
-            self._check_given_gradients(record, given_grads)
+            record.refuse_unscale()
+            self._check_gradients(record, None, list(given_grads), true=True)
         elif record.stage is OptimizerState.INIT:
             self._unscale_and_record(optimizer, record)
         if not record.checked:
@@ -305,28 +282,20 @@ class AmpScaler(TensorsOnHost):
     def _end_iteration(
         self, *, found: Tensor | None = None, new_scale: float | Tensor | None = None
     ) -> bool:
-        """End the iteration: the one path into the update. Join the verdicts of every
-        optimizer stepped since the last end (any inf/nan counts), or take ``found`` (a
-        bool [1] tensor) from a face that decided it itself; move the scale by the rule,
-        or set it to ``new_scale`` instead (PyTorch's ``update(new_scale)``: a float must
-        lie within the bounds, a one-element tensor is clamped into them on the device,
-        where checking it would read it; the counters stay as they are); count the
-        iteration; report overflows; then apply the stuck policy. An iteration in which
-        nothing was checked ends uncounted.
-
-        Returns False, and changes nothing but the scale, when there is no iteration to
-        end: no ``found`` and no optimizer stepped (``update()`` then is misuse, which
-        each face words in its own framework's terms).
-        """
+        """End the iteration, the one path into the update: join the verdicts of every
+        optimizer stepped since the last end, or take ``found`` (a bool [1] tensor) from a
+        face that decided it; move the scale by the rule, or set it to ``new_scale``
+        (PyTorch's ``update(new_scale)``: as ``LossScale.set_scale``, the counters kept);
+        count the iteration, report overflows, apply the stuck policy. An iteration in
+        which nothing was checked ends uncounted. Returns False, changing nothing but the
+        scale, when there is no iteration to end (no ``found``, no optimizer stepped):
+        misuse, which each face words its own way."""
         if not self._enable:
             return True
         if new_scale is not None:
             self._loss_scale.set_scale(new_scale, "new_scale")
-        stepped = [
-            record
-            for record in self._optimizer_states.values()
-            if record.stage is OptimizerState.STEPPED
-        ]
+        states = self._optimizer_states.values()
+        stepped = [record for record in states if record.stage is OptimizerState.STEPPED]
         if found is None and not stepped:
             return False
         self._optimizer_states = defaultdict(OptimizerRecord)
@@ -349,17 +318,14 @@ class AmpScaler(TensorsOnHost):
         return True
 
     def _change_rule(self, **changes: Any) -> None:
-        """Change the rule's settings (fields of ``Rule``, checked by the caller):
-        the next update applies them. MindSpore's functional scaler sets
-        ``backoff_divisor`` so."""
+        """Change the rule's settings (fields of ``Rule``, checked by the caller) from the
+        next update on (MindSpore's functional scaler sets ``backoff_divisor`` so)."""
         self._loss_scale.rule = dataclasses.replace(self._rule, **changes)
 
     def _nothing_checked(self, optimizer: Any) -> None:
-        """Called when none of ``optimizer``'s parameters has a gradient this iteration;
-        a face overrides it to refuse the step (raise: the optimizer is then left as if
-        never touched). Paddle's scalers step it all the same, and so does this one; the
-        iteration is counted and moves the scale only if another optimizer checked
-        gradients in it."""
+        """Called when none of ``optimizer``'s parameters has a gradient this iteration; a
+        face overrides it to refuse the step (raise: the optimizer is left untouched).
+        This one warns and steps it, as Paddle's scalers do."""
         warnings.warn(
             f"step(): no parameter of this {type(optimizer).__name__} has a gradient (no "
             "backward() since its gradients were cleared?), so nothing was checked; it is "
@@ -370,8 +336,7 @@ class AmpScaler(TensorsOnHost):
         )
 
     def _repr_fields(self) -> dict[str, Any]:
-        """The numbers a repr shows first, by name: a face overrides it to show its own
-        framework's names."""
+        """The numbers a repr shows first, by name (a face shows its framework's names)."""
         rule = self._rule
         return {
             "scale": self.get_loss_scaling(),
@@ -383,14 +348,10 @@ class AmpScaler(TensorsOnHost):
             "decr_every_n_nan_or_inf": rule.decr_every_n_nan_or_inf,
         }
 
-    # -- the stages -------------------------------------------------------------------
-
     def _unscale_and_record(self, optimizer: Any, record: OptimizerRecord) -> None:
         record.refuse_unscale()
         # fleet's distributed_scaler and dist.shard_scaler replace _unscale with one that
-        # neither measures nor counts: what the rule and the overflow report need of the
-        # gradients is taken here, before that unscale writes them; the amax agreed over
-        # the ranks that hold them.
+        # neither measures nor counts: that is done here, before it writes the gradients.
         amax = None
         if "_unscale" in vars(self) and (self._overflows is not None or self._measures_now()):
             params = optimizers.parameters_of(optimizer)
@@ -407,59 +368,36 @@ class AmpScaler(TensorsOnHost):
             # A replaced _unscale decided, and said so in _found_inf only (a flag, or a
             # Python bool or int).
             found = self._found_inf
-            if isinstance(found, Tensor):
-                record.verdict = Verdict(found, amax=amax)
-            else:
-                flag = paddle.to_tensor([bool(found)], place=self._loss_scale.scale.place)
-                record.verdict = Verdict(flag, bool(found), amax=amax)
+            on_host = None if isinstance(found, Tensor) else bool(found)
+            if on_host is not None:
+                found = paddle.to_tensor([on_host], place=self._loss_scale.scale.place)
+            record.verdict = Verdict(found, on_host, amax)
             record.stage = OptimizerState.UNSCALED
-
-    def _check_given_gradients(self, record: OptimizerRecord, grads: Sequence[Tensor]) -> None:
-        # Multiplying by exactly 1 leaves every value as it is: the unscale only checks.
-        record.refuse_unscale()
-        scale = self._loss_scale.scale
-        # True gradients: measured as the scaled ones would have been.
-        table = kernels.measure(grads, times=scale) if self._measures_now() else None
-        flag = kernels.unscale_and_check_(
-            grads, paddle.ones_like(scale), self._temp_found_inf_value_false
-        )
-        self._record_verdict(record, flag, table, None, list(grads))
 
     def _measures_now(self) -> bool:
         """Whether this iteration's unscales measure the gradients, as the rule asks."""
         return self._rule.measures(self._run.iterations + 1)
 
-    def _record_verdict(
+    def _check_gradients(
         self,
         record: OptimizerRecord,
-        flag: Tensor,
-        table: Tensor | None,
         params: list[Any] | None,
         grads: list[Tensor | None],
+        *,
+        true: bool = False,
     ) -> None:
-        # Agreed over the ranks before any rank decides: all then skip, update and count
-        # alike.
+        """Unscale ``grads`` in place and check them for inf/nan, measured first where the
+        rule asks (the unscale writes them). ``true`` gradients are measured as the scaled
+        ones would have been, and unscaled by exactly 1, which only checks them."""
+        scale = self._loss_scale.scale
+        times, divisor = (scale, paddle.ones_like(scale)) if true else (None, scale)
+        table = kernels.measure(grads, times=times) if self._measures_now() else None
+        flag = kernels.unscale_and_check_(grads, divisor, self._temp_found_inf_value_false)
+        # Agreed before any rank decides: all then skip, update and count alike.
         flag, amax = self._sync.agree(flag, kernels.amax_in(table), distributed.mesh_of(grads))
         self._measured.add(params, grads, table)
         self._found_inf = flag
         record.unscaled(Verdict(flag, amax=amax), params, grads)
-
-    def _switch_off_for_bfloat16(self) -> None:
-        # bfloat16 has float32's exponent range: gradients do not underflow, and scaling
-        # only costs time. Paddle's scaler also switches off when no auto_cast was
-        # entered at all (the global dtype then reads float32); this one does not.
-        if not (self._enable and self._use_dynamic_loss_scaling):
-            return
-        if amp_global_state().amp_dtype != "bfloat16":
-            return
-        warnings.warn(
-            "dynamic loss scaling is not needed under auto_cast(dtype='bfloat16'); the "
-            "scaler switches itself off (is_enable() and is_use_dynamic_loss_scaling() are "
-            "now False)",
-            UserWarning,
-            stacklevel=3,
-        )
-        self._enable = self._use_dynamic_loss_scaling = False
 
     # -- Paddle's getters and setters ------------------------------------------------
     # Each read is a device sync, outside a step: the scaler itself never reads.
@@ -504,16 +442,13 @@ class AmpScaler(TensorsOnHost):
 
     def set_incr_every_n_steps(self, new_incr_every_n_steps: int) -> None:
         """Under ``"interval"``: set the growth period; a streak already that long grows at
-        the next finite step. Under ``"headroom"``, which grows by what it measures, not
-        by a count: how long a scale that overflowed is held off, a growth each that
-        many iterations."""
+        the next finite step. Under ``"headroom"``, which grows by what it measures: how
+        long a scale that overflowed is held off, a growth each that many iterations."""
         name = "new_incr_every_n_steps"
         period = validation.check_period(new_incr_every_n_steps, name, integral_float=True)
         self._change_rule(incr_every_n_steps=period)
-        incr_count, _ = self._loss_scale.counters()
-        limit = self._rule.incr_count_limit
-        if incr_count >= limit:
-            self._loss_scale.set_counters(incr_count=limit - 1)
+        incr_count, decr_count = self._loss_scale.counters()
+        self._loss_scale.set_counters(min(incr_count, self._rule.incr_count_limit - 1), decr_count)
 
     def get_decr_every_n_nan_or_inf(self) -> int:
         return self._rule.decr_every_n_nan_or_inf
@@ -524,8 +459,8 @@ class AmpScaler(TensorsOnHost):
         name = "new_decr_every_n_nan_or_inf"
         period = validation.check_period(new_decr_every_n_nan_or_inf, name, integral_float=True)
         self._change_rule(decr_every_n_nan_or_inf=period)
-        _, decr_count = self._loss_scale.counters()
-        self._loss_scale.set_counters(decr_count=min(decr_count, period - 1))
+        incr_count, decr_count = self._loss_scale.counters()
+        self._loss_scale.set_counters(incr_count, min(decr_count, period - 1))
 
     def get_incr_count(self) -> int:
         """Finite steps since the last increase or inf/nan step; under ``"headroom"``,
@@ -535,11 +470,10 @@ class AmpScaler(TensorsOnHost):
     def set_incr_count(self, new_incr_count: int) -> None:
         """Set the count of finite steps: under ``"interval"`` a growth comes when it
         reaches ``incr_every_n_steps``; under ``"headroom"`` it only counts."""
-        limit = self._rule.incr_count_limit
         count = validation.check_count(
-            new_incr_count, "new_incr_count", limit, "incr_every_n_steps"
+            new_incr_count, "new_incr_count", self._rule.incr_count_limit, "incr_every_n_steps"
         )
-        self._loss_scale.set_counters(incr_count=count)
+        self._loss_scale.set_counters(count, self._loss_scale.counters()[1])
 
     def get_decr_count(self) -> int:
         """Inf/nan steps since the last decrease or finite step (may read the device)."""
@@ -549,17 +483,13 @@ class AmpScaler(TensorsOnHost):
         """Set the count of inf/nan steps in a row, under either policy: a back-off comes
         when it reaches ``decr_every_n_nan_or_inf``."""
         period = self._rule.decr_every_n_nan_or_inf
-        count = validation.check_count(
-            new_decr_count, "new_decr_count", period, "decr_every_n_nan_or_inf"
-        )
-        self._loss_scale.set_counters(decr_count=count)
-
-    # -- what the run did, and the state dict -------------------------------------------
+        name = "decr_every_n_nan_or_inf"
+        count = validation.check_count(new_decr_count, "new_decr_count", period, name)
+        self._loss_scale.set_counters(self._loss_scale.counters()[0], count)
 
     def stats(self) -> ScalerStats:
-        """The run so far: iterations, skipped ones, the current skip streak, the last
-        skipped iteration, growths, back-offs, the scale and, under a rule that measures
-        the gradients, their headroom (one read of the device)."""
+        """The run so far (``ScalerStats``: counts, the scale and, where the gradients are
+        measured, their headroom), in one read of the device."""
         if not self._enable:
             return ScalerStats(0, 0, 0, None, 0, 0, scale=1.0)
         return self._read()[1]
@@ -574,13 +504,12 @@ class AmpScaler(TensorsOnHost):
         device."""
         self._run.count_pending()
         memory, numbers = self._loss_scale.read(self._run.counts, self._measured.totals)
-        counts, totals = numbers[: len(numbers) - 3], numbers[len(numbers) - 3 :]
+        counts, totals = numbers[:-3], numbers[-3:]
         headroom_bits, subnormal_fraction = self._measured.readings(totals)
         if self._use_dynamic_loss_scaling:
             # The rule's own record where it keeps one: a dict of 0.2 has no totals.
             headroom_bits = self._rule.headroom_bits(memory) or headroom_bits
-        stats = self._run.stats(counts, float(memory.scale), headroom_bits)
-        stats = dataclasses.replace(stats, subnormal_fraction=subnormal_fraction)
+        stats = self._run.stats(counts, float(memory.scale), headroom_bits, subnormal_fraction)
         return memory, stats, totals
 
     def state_dict(self) -> dict[str, Any]:
@@ -588,15 +517,12 @@ class AmpScaler(TensorsOnHost):
         if not self._enable:
             return {}
         memory, stats, totals = self._read()
-        saved = SavedScaler.of(self._rule, memory, stats, self._use_dynamic_loss_scaling, totals)
-        return saved.to_paddle_dict()
+        return saved_state(self._rule, memory, stats, self._use_dynamic_loss_scaling, totals)
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Load a state dict of this package, of Paddle's scalers or of PyTorch's GradScaler.
-
-        A bad dict raises ``ValueError`` naming the key and leaves the scaler unchanged.
-        Like Paddle's, loading also makes the loaded scale the initial scale.
-        """
+        """Load a state dict of this package, of Paddle's scalers or of PyTorch's GradScaler
+        (a bad one: ``ValueError`` naming the key, the scaler unchanged). Like Paddle's, it
+        makes the loaded scale the initial scale too."""
         if not self._enable:
             return
         if isinstance(state_dict, Mapping) and len(state_dict) == 0:
@@ -614,8 +540,6 @@ class AmpScaler(TensorsOnHost):
             self._run.load(loaded.stats)
         self._measured.load(loaded.measured)
 
-    # -- diagnostics ------------------------------------------------------------------
-
     def overflow_report(self, model: Any = None) -> list[OverflowEntry]:
         """The gradients that held inf or nan in the most recent iteration that found any
         (empty if none has), most elements first, counted before unscaling; named as in
@@ -629,9 +553,8 @@ class AmpScaler(TensorsOnHost):
 
     def underflow_report(self, model: Any = None) -> list[UnderflowEntry]:
         """Each gradient as the last finite measured iteration found it (reads the device):
-        its share of nonzero elements in float16's subnormal range, near its floor, and
-        how far below float16's ceiling its largest magnitude stood, lowest first; named
-        as ``overflow_report`` names them. Empty before the first measurement."""
+        its share of nonzero elements in float16's subnormal range and its headroom,
+        lowest first, named as by ``overflow_report``; empty before any measurement."""
         if not self._rule.measures(1):
             raise RuntimeError(
                 "underflow_report() needs measured gradients: build the scaler with "
@@ -689,18 +612,11 @@ class AmpScaler(TensorsOnHost):
 
 
 class GradScaler(AmpScaler):
-    """``AmpScaler`` with the split form of ``minimize``: ``step(optimizer)`` then ``update()``.
+    """``AmpScaler`` with the split form of ``minimize``: ``step(optimizer)`` for each
+    optimizer, then ``update()`` once per iteration.
 
     The same arguments as ``AmpScaler``, with Paddle's ``GradScaler`` defaults:
-    ``init_loss_scaling=2.0**16`` and ``incr_every_n_steps=2000``. Typical use::
-
-        scaler = GradScaler()
-        with auto_cast():
-            loss = model(x).mean()
-        scaler.scale(loss).backward()
-        scaler.step(optimizer)      # skipped when inf/nan was found
-        scaler.update()             # once per iteration, however many optimizers
-        optimizer.clear_grad()
+    ``init_loss_scaling=2.0**16`` and ``incr_every_n_steps=2000``.
     """
 
     # Written out, as Paddle's is: help() and inspect show GradScaler's own defaults.
@@ -726,25 +642,9 @@ class GradScaler(AmpScaler):
         group: Any = None,
         sync_found_inf: bool = True,
     ) -> None:
-        super().__init__(
-            enable,
-            init_loss_scaling,
-            incr_ratio,
-            decr_ratio,
-            incr_every_n_steps,
-            decr_every_n_nan_or_inf,
-            use_dynamic_loss_scaling,
-            policy=policy,
-            min_loss_scaling=min_loss_scaling,
-            max_loss_scaling=max_loss_scaling,
-            place=place,
-            stuck_after=stuck_after,
-            on_stuck=on_stuck,
-            report_overflows=report_overflows,
-            measure_every=measure_every,
-            group=group,
-            sync_found_inf=sync_found_inf,
-        )
+        # Every argument forwarded, by the names of AmpScaler's signature (the same).
+        arguments = locals()
+        super().__init__(**{name: arguments[name] for name in self._option_defaults})
 
     def step(self, optimizer: Any) -> None:
         """Unscale (unless done), then ``optimizer.step()`` unless inf/nan was found."""

@@ -1,8 +1,6 @@
-"""The formats of a scaler's ``state_dict``, read into one validated record.
-
-Two formats: Paddle's (which this package also writes, with a few more keys, so that
-Paddle's own ``GradScaler.load_state_dict`` takes it) and PyTorch's. Either is checked
-whole before anything is loaded, so that a bad dict changes nothing.
+"""The formats of a scaler's ``state_dict``: Paddle's (which this package writes, with a
+few more keys that Paddle's own ``load_state_dict`` ignores) and PyTorch's, each read into
+one record checked whole before anything is loaded, so that a bad dict changes nothing.
 """
 
 from __future__ import annotations
@@ -46,52 +44,24 @@ class SavedScaler:
     # Not in Paddle's or PyTorch's dicts: None there, and the scaler keeps its own.
     bounds: tuple[float, float | None] | None = None
     stats: ScalerStats | None = None
-    # The rule's name, and its memory beyond the scale and counters where it has such
-    # memory (the headroom policy's); a dict without them (Paddle's, PyTorch's) keeps
-    # the scaler's rule, and its memory starts afresh.
+    # The rule's name, and its memory beyond the scale and counters (the headroom
+    # policy's); without them (Paddle's, PyTorch's) the scaler's rule starts afresh.
     policy: str | None = None
     memory: dict[str, Any] | None = None
     # The last finite measured iteration's totals (``Measurements``), where there is one.
     measured: dict[str, float] | None = None
 
-    @classmethod
-    def of(
-        cls, rule: Rule, memory: Memory, stats: ScalerStats, dynamic: bool, totals: list[float]
-    ) -> SavedScaler:
-        """What a scaler under ``rule`` with ``memory``, ``stats`` and measured ``totals``
-        saves."""
-        return cls(
-            scale=float(memory.scale),
-            incr_ratio=rule.incr_ratio,
-            decr_ratio=rule.decr_ratio,
-            incr_every_n_steps=rule.incr_every_n_steps,
-            decr_every_n_nan_or_inf=rule.decr_every_n_nan_or_inf,
-            incr_count=memory.incr_count,
-            decr_count=memory.decr_count,
-            use_dynamic_loss_scaling=dynamic,
-            bounds=(rule.min_scale, rule.max_scale),
-            stats=stats,
-            policy=rule.name,
-            memory=rule.memory_to_state(memory),
-            measured=(
-                {"amax": totals[0], "subnormal": int(totals[1]), "nonzero": int(totals[2])}
-                if any(totals)
-                else None
-            ),
-        )
-
     def rule_over(self, current: Rule) -> Rule:
-        """The rule this record describes, for a scaler under ``current``: the saved
-        settings and bounds (the current bounds where none were saved), of the saved
-        rule's type where the dict names one (with a ``UserWarning`` where that is not
-        the current one's: a resume continues the run it saved), else of the current
-        one's."""
+        """The rule this record describes, for a scaler under ``current``: of the saved
+        type where the dict names one (a ``UserWarning`` where that differs: a resume
+        continues the run it saved), with the saved settings, and bounds where saved."""
         rule_type = type(current) if self.policy is None else RULES[self.policy]
         lower, upper = self.bounds or (current.min_scale, current.max_scale)
         # What the current rule holds beyond the saved settings (measure_every, the
         # tuning), where it is of the same type; else the saved type's defaults.
-        kept = dataclasses.asdict(current) if rule_type is type(current) else {}
+        kept = dataclasses.asdict(current)
         if rule_type is not type(current):
+            kept = {}
             warnings.warn(
                 f"the state dict was saved under policy={self.policy!r}; this scaler was "
                 f"built with policy={current.name!r} and follows the dict, so that the "
@@ -100,17 +70,9 @@ class SavedScaler:
                 UserWarning,
                 stacklevel=3,
             )
-        return rule_type(
-            **{
-                **kept,
-                "incr_ratio": self.incr_ratio,
-                "decr_ratio": self.decr_ratio,
-                "incr_every_n_steps": self.incr_every_n_steps,
-                "decr_every_n_nan_or_inf": self.decr_every_n_nan_or_inf,
-                "min_scale": lower,
-                "max_scale": upper,
-            }
-        )
+        settings = ("incr_ratio", "decr_ratio", "incr_every_n_steps", "decr_every_n_nan_or_inf")
+        saved = {key: getattr(self, key) for key in settings}
+        return rule_type(**{**kept, **saved, "min_scale": lower, "max_scale": upper})
 
     def scale_within(self, lower: float, upper: float | None) -> float:
         """The saved scale, clamped into the bounds, with a warning if that changed it."""
@@ -131,21 +93,32 @@ class SavedScaler:
             np.float32(scale), self.incr_count, self.decr_count, **(self.memory or {})
         )
 
-    def to_paddle_dict(self) -> dict[str, Any]:
-        fields = {key: getattr(self, key) for key in PADDLE_KEYS}
-        fields["scale"] = np.array([self.scale], dtype=np.float32)
-        if self.bounds is not None:
-            fields["min_loss_scaling"], fields["max_loss_scaling"] = self.bounds
-        if self.stats is not None:
-            fields["stats"] = self.stats.to_state()
-        if self.measured is not None:
-            fields["measured"] = dict(self.measured)
-        if self.policy is not None:
-            fields["policy"] = self.policy
-            state_key = RULES[self.policy].state_key
-            if state_key is not None:
-                fields[state_key] = dict(self.memory or {})
-        return fields
+
+def saved_state(
+    rule: Rule, memory: Memory, stats: ScalerStats, dynamic: bool, totals: list[float]
+) -> dict[str, Any]:
+    """The state dict of a scaler under ``rule`` with ``memory``, ``stats`` and measured
+    ``totals``: Paddle's keys, then this package's."""
+    state: dict[str, Any] = {
+        "scale": np.array([memory.scale], dtype=np.float32),
+        "incr_ratio": rule.incr_ratio,
+        "decr_ratio": rule.decr_ratio,
+        "incr_every_n_steps": rule.incr_every_n_steps,
+        "decr_every_n_nan_or_inf": rule.decr_every_n_nan_or_inf,
+        "incr_count": memory.incr_count,
+        "decr_count": memory.decr_count,
+        "use_dynamic_loss_scaling": dynamic,
+        "min_loss_scaling": rule.min_scale,
+        "max_loss_scaling": rule.max_scale,
+        "stats": stats.to_state(),
+    }
+    if any(totals):
+        amax, subnormal, nonzero = totals
+        state["measured"] = {"amax": amax, "subnormal": int(subnormal), "nonzero": int(nonzero)}
+    state["policy"] = rule.name
+    if rule.state_key is not None:
+        state[rule.state_key] = rule.memory_to_state(memory)
+    return state
 
 
 # The keys of Paddle's own format, all required.
@@ -173,10 +146,8 @@ _TORCH_IMPLIED = {"decr_every_n_nan_or_inf": 1, "decr_count": 0, "use_dynamic_lo
 
 
 def parse_state_dict(state_dict: Mapping[str, Any]) -> SavedScaler:
-    """Validate a Paddle-format or PyTorch-format state dict; unknown keys are ignored.
-
-    Raises ``ValueError`` naming the (source) key for a missing key or a bad value.
-    """
+    """Validate a Paddle-format or PyTorch-format state dict, unknown keys ignored:
+    ``ValueError`` naming the (source) key for a missing key or a bad value."""
     if not isinstance(state_dict, Mapping):
         raise TypeError(f"state_dict must be a dict, got {type(state_dict).__name__}")
     try:
@@ -203,7 +174,12 @@ def _parsed(state_dict: Mapping[str, Any]) -> SavedScaler:
 
     incr_every_n_steps = checked("incr_every_n_steps", validation.check_period)
     decr_every_n_nan_or_inf = checked("decr_every_n_nan_or_inf", validation.check_period)
-    policy = _policy_in(state_dict)
+    policy = None
+    if "policy" in state_dict:
+        policy = rule_named(state_dict["policy"], "state_dict['policy']").name
+    for key in (rule.state_key for rule in RULES.values() if rule.state_key):
+        if policy is None and key in state_dict:
+            raise ValueError(f"state_dict has {key!r} but is missing the key 'policy'")
     rule = RULES[policy or IntervalRule.name]
     # A rule that does not grow by the counters counts finite iterations past the period.
     counted_up_to = rule(incr_every_n_steps=incr_every_n_steps).incr_count_limit
@@ -234,15 +210,6 @@ def _parsed(state_dict: Mapping[str, Any]) -> SavedScaler:
         memory=memory,
         measured=_measured_in(state_dict),
     )
-
-
-def _policy_in(state_dict: Mapping[str, Any]) -> str | None:
-    if "policy" in state_dict:
-        return rule_named(state_dict["policy"], "state_dict['policy']").name
-    for rule in RULES.values():
-        if rule.state_key is not None and rule.state_key in state_dict:
-            raise ValueError(f"state_dict has {rule.state_key!r} but is missing the key 'policy'")
-    return None
 
 
 # What ``measured`` holds: the largest magnitude, the subnormal and the nonzero elements.

@@ -1,21 +1,13 @@
-"""What a scaler's run has done, counted on the device, and what to do when it is stuck.
-
-Five counts, with no read in a step: iterations skipped, the current streak of skipped
-ones, finite ones since the last skip, growths and back-offs (``RunStatistics``).
-``stats()`` reads them, once per call.
-
-A run whose every step skips (the gradients are inf or nan at every scale) is the one
-failure loss scaling cannot heal; ``StuckPolicy`` acts on it. Reading the streak every
-iteration would cost a device sync per step, so it is read once every
-``min(stuck_after, 100)``.
-"""
+"""What a scaler's run has done, counted on the device with no read in a step, and what
+to do when every step skips (the one failure loss scaling cannot heal)."""
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import warnings
 from collections.abc import Callable
-from typing import Any, Union
+from typing import Any, Union, cast
 
 import paddle
 from paddle import Tensor
@@ -41,16 +33,12 @@ class ScalerStats:
         backoffs: the times it backed off after an overflow (one held at the floor
             counts; the headroom policy's fit downward, which skips nothing, does not).
         scale: the current scale.
-        headroom_bits: log2 of float16's largest value over the amax (the largest
-            magnitude among the scaled gradients) of the last finite measured
-            iteration: how many doublings of the scale the gradients had left before
-            inf. None where nothing is measured (``"interval"`` without
-            ``measure_every``) or before the first measurement; negative where those
-            gradients exceeded float16's range without overflowing, so were not float16
-            (float32 ones where ``amp_guard`` is off, as on a CPU).
-        subnormal_fraction: of the nonzero scaled gradient elements of that iteration,
-            the share in float16's subnormal range (``0 < |g| < 2**-14``), where
-            precision thins and, below ``2**-24``, values flush to zero; None as above.
+        headroom_bits: ``log2(65504 / amax)`` of the last finite measured iteration's
+            scaled gradients: how many doublings they had left before inf. None where
+            nothing is measured or before the first measurement; negative where the
+            gradients were not float16 (``docs/monitoring.md``).
+        subnormal_fraction: of that iteration's nonzero scaled gradient elements, the
+            share in float16's subnormal range (``0 < |g| < 2**-14``); None as above.
     """
 
     iterations: int
@@ -81,12 +69,7 @@ def parse_stats_state(value: Any, name: str) -> ScalerStats:
         field: validation.check_int_within(value[field], f"{name}[{field!r}]", 0, 2**63 - 1)
         for field in _STATE_FIELDS
     }
-    iterations, skipped, streak, last = (
-        counts["iterations"],
-        counts["skipped"],
-        counts["skip_streak"],
-        counts["last_skipped"],
-    )
+    iterations, skipped, streak, last = (counts[field] for field in _STATE_FIELDS[:4])
     consistent = (
         streak <= skipped <= iterations
         and last <= iterations
@@ -96,15 +79,7 @@ def parse_stats_state(value: Any, name: str) -> ScalerStats:
     )
     if not consistent:
         raise ValueError(f"{name} holds counts that no run can produce: {dict(value)}")
-    return ScalerStats(
-        iterations,
-        skipped,
-        streak,
-        last or None,
-        counts["growths"],
-        counts["backoffs"],
-        scale=1.0,
-    )
+    return dataclasses.replace(ScalerStats(**counts, scale=1.0), last_skipped=last or None)
 
 
 # Iterations kept at most before they are counted.
@@ -113,13 +88,9 @@ _FOLD_EVERY = 128
 
 class RunStatistics(TensorsOnHost):
     """The counts behind ``ScalerStats``: an int64 [5] tensor of ``_COUNTS`` on the device,
-    and the number of iterations on the host.
-
-    An iteration counts from two facts: its verdict, and whether the update rule acted
-    (a fixed scale never does), each a host bool where the scaler knew it at no cost or a
-    bool [1] tensor. Iterations are kept as they come, and every 128 iterations, or before
-    a read, ``count_pending`` adds them up in a few dozen operations.
-    """
+    and the number of iterations on the host. An iteration's verdict and whether the rule
+    acted (host bools or bool [1] tensors) are kept as they come and added up every
+    ``_FOLD_EVERY`` iterations or before a read."""
 
     def __init__(self, place: Any) -> None:
         self.counts = paddle.to_tensor([0] * len(_COUNTS), dtype=paddle.int64, place=place)
@@ -127,7 +98,7 @@ class RunStatistics(TensorsOnHost):
         self.iterations = 0
 
     def record(self, found: bool | Tensor, acted: bool | Tensor) -> None:
-        """Count one iteration from its verdict and whether the rule acted; nothing is read."""
+        """Count one iteration; nothing is read."""
         self.iterations += 1
         self._pending.append((found, acted))
         if len(self._pending) == _FOLD_EVERY:
@@ -162,26 +133,23 @@ class RunStatistics(TensorsOnHost):
     def _column(self, flags: list[bool | Tensor]) -> Tensor:
         """``flags`` as one int64 tensor: each run of host bools in one operation."""
         pieces: list[Tensor] = []
-        run: list[bool] = []
-        for flag in [*flags, None]:
-            if isinstance(flag, bool):
-                run.append(flag)
-                continue
-            if run:
-                pieces.append(paddle.to_tensor(run, dtype=paddle.bool, place=self.counts.place))
-                run = []
-            if flag is not None:
-                pieces.append(kernels.local(flag))
+        for on_host, run in itertools.groupby(flags, key=lambda flag: isinstance(flag, bool)):
+            if on_host:
+                pieces.append(
+                    paddle.to_tensor(list(run), dtype=paddle.bool, place=self.counts.place)
+                )
+            else:
+                pieces += [kernels.local(cast(Tensor, flag)) for flag in run]
         column = pieces[0] if len(pieces) == 1 else paddle.concat(pieces)
         return column.astype(paddle.int64)
 
-    def stats(self, counts: list[float], scale: float, headroom_bits: float | None) -> ScalerStats:
+    def stats(self, counts: list[float], scale: float, *measured: float | None) -> ScalerStats:
         """The ``ScalerStats`` of ``counts``, the values of ``self.counts`` read after
-        ``count_pending``."""
+        ``count_pending``, and of ``measured``: the headroom and subnormal fraction."""
         skipped, streak, since_skip, growths, backoffs = (int(count) for count in counts)
         last = self.iterations - since_skip if skipped else None
         return ScalerStats(
-            self.iterations, skipped, streak, last, growths, backoffs, scale, headroom_bits
+            self.iterations, skipped, streak, last, growths, backoffs, scale, *measured
         )
 
     def load(self, stats: ScalerStats) -> None:
@@ -190,12 +158,6 @@ class RunStatistics(TensorsOnHost):
         counts = [stats.skipped, stats.skip_streak, since_skip, stats.growths, stats.backoffs]
         self.counts = paddle.to_tensor(counts, dtype=paddle.int64, place=self.counts.place)
         self.iterations = stats.iterations
-
-
-# -- a stuck run ---------------------------------------------------------------------------
-
-# How many iterations the stuck policy lets pass between two reads of the streak.
-_MAX_CHECK_INTERVAL = 100
 
 
 class LossScaleStuckError(RuntimeError):
@@ -210,26 +172,22 @@ OnStuck = Union[str, Callable[[ScalerStats], Any]]
 
 
 class StuckPolicy:
-    """What to do when ``stuck_after`` consecutive iterations or more were skipped:
-    ``"warn"`` (one ``RuntimeWarning`` per streak), ``"raise"`` or a callable taking
-    ``ScalerStats``.
-
-    The streak is read once every ``min(stuck_after, 100)`` iterations, so the policy
-    fires after ``stuck_after`` to ``stuck_after + k - 1`` consecutive skips.
-    """
+    """What to do (``on_stuck``) when ``stuck_after`` consecutive iterations or more were
+    skipped. The streak is read once every ``k = min(stuck_after, 100)`` iterations (a
+    read each step would cost a sync each), so it fires after ``stuck_after`` to
+    ``stuck_after + k - 1`` consecutive skips."""
 
     def __init__(self, stuck_after: int | None, on_stuck: OnStuck) -> None:
         validation.check_stuck_policy(stuck_after, on_stuck)
         self.stuck_after = stuck_after
         self.on_stuck = on_stuck
-        self.check_interval = None if stuck_after is None else min(stuck_after, _MAX_CHECK_INTERVAL)
         self._warned_streak_start: int | None = None
 
     def after_iteration(self, run: RunStatistics, read_stats: Callable[[], ScalerStats]) -> None:
-        if self.check_interval is None or run.iterations % self.check_interval:
+        if self.stuck_after is None or run.iterations % min(self.stuck_after, 100):
             return
         stats = read_stats()
-        if self.stuck_after is None or stats.skip_streak < self.stuck_after:
+        if stats.skip_streak < self.stuck_after:
             return
         message = (
             f"the last {stats.skip_streak} iterations were all skipped (inf/nan gradients "
