@@ -95,6 +95,8 @@ BEFORE_RATIO_PAIRS = {
 # The earlier checkout's package, imported as paddle_amp_scaler_before by --before.
 before_package = None
 READ_ORIGINS = ("scaler", "paddle", "other")
+# The implementation column of a run's table: the longest name, ours-step[measure every step].
+IMPL_WIDTH = 31
 
 
 @dataclasses.dataclass(frozen=True)
@@ -280,6 +282,10 @@ OPTIONS = {
     # values, which the CPU computes slowly). It still measures and decides on its
     # schedule.
     "headroom": {"policy": "headroom", "max_loss_scaling": SCALE},
+    # Every iteration measured (the amax, subnormal and nonzero counts of each scaled
+    # gradient, on the device): what a measured iteration costs. One in measure_every
+    # pays it; the interval rule measures nothing unless it is given.
+    "measure every step": {"measure_every": 1},
 }
 
 
@@ -599,13 +605,16 @@ def print_run(run):
         f"params, {run['optimizer']}, {run['rounds']} rounds"
     )
     print(
-        f"{'impl':<24}{'median ms':>11}{'iqr ms':>9}{'overhead ms':>13}"
+        f"{'impl':<{IMPL_WIDTH}}{'median ms':>11}{'iqr ms':>9}{'overhead ms':>13}"
         f"   host reads scaler/paddle/other"
     )
     for name, impl in run["impls"].items():
         overhead = "-" if name == "none" else f"{impl['overhead_ms']:.3f}"
         reads = "/".join(str(impl["host_reads"][origin]) for origin in READ_ORIGINS)
-        print(f"{name:<24}{impl['median_ms']:>11.3f}{impl['iqr_ms']:>9.3f}{overhead:>13}   {reads}")
+        print(
+            f"{name:<{IMPL_WIDTH}}{impl['median_ms']:>11.3f}{impl['iqr_ms']:>9.3f}"
+            f"{overhead:>13}   {reads}"
+        )
     for kind, (ours, native) in ratio_pairs().items():
         print(f"overhead {ours} / {native}: {ratio_verdict(run['ratios'][kind], kind)}")
 

@@ -30,6 +30,7 @@ BARS = [
     ("stuck_after=100", "ours-step[stuck]", "native-step", "#6cb56c"),
     ("report_overflows", "ours-step[report]", "native-step", "#b267c9"),
     ("policy='headroom'", "ours-step[headroom]", "native-step", "#d6616b"),
+    ("measure_every=1", "ours-step[measure every step]", "native-step", "#8c6d31"),
 ]
 # The top of the scale: a taller bar is cut there, with its value written on it.
 TOP = 1.6

@@ -16,6 +16,7 @@ The workloads are ``policy_workloads.py``'s, the tables, targets and figure
 
     PYTHONPATH=. python benchmarks/policy_bench.py --quick      # under a minute
     PYTHONPATH=. python benchmarks/policy_bench.py              # about 17 minutes on 2 cores
+    PYTHONPATH=. python benchmarks/policy_bench.py --periods 16,64,256   # headroom at each
 """
 
 from __future__ import annotations
@@ -82,11 +83,27 @@ FLUSH_EXPONENT = 127 - 25
 from policy_report import (  # noqa: E402
     check_targets,
     draw,
+    period_policy,
     print_checks,
     print_details,
+    print_periods_table,
     print_table,
     within_reach,
 )
+
+
+def policies_for(periods: list[int]) -> tuple[dict, dict]:
+    """The runs' settings and the rows that are another's run: ``POLICIES`` and
+    ``SAME_RUN_AS``, and the headroom policy at each of ``periods`` (``measure_every``);
+    at its default period, headroom's own run is that row."""
+    policies, same_run_as = dict(POLICIES), dict(SAME_RUN_AS)
+    for period in periods:
+        if period == HeadroomRule.measure_every:
+            same_run_as[period_policy(period)] = "headroom"
+        else:
+            policies[period_policy(period)] = dict(policy="headroom", measure_every=period)
+    return policies, same_run_as
+
 
 # -- one training run per policy ---------------------------------------------------------
 
@@ -94,12 +111,12 @@ from policy_report import (  # noqa: E402
 class Run:
     """One policy's model, optimizer, scaler and census, and what each iteration did."""
 
-    def __init__(self, workload: Workload, policy: str):
+    def __init__(self, workload: Workload, policy: str, settings: dict | None):
         self.policy = policy
-        self.emulated = policy != "fp32"
+        self.emulated = settings is not None  # None: fp32, no rounding, no scaler
         self.census = UnderflowCensus(by_label=True, exponents=True) if self.emulated else None
         self.model, self.optimizer = workload.build(self.census)
-        self.scaler = GradScaler(**POLICIES[policy]) if self.emulated else None
+        self.scaler = GradScaler(**settings) if self.emulated else None
         self.loss, self.scale, self.skipped, self.step_ms = [], [], [], []
         self.nonzero, self.flushed, self.subnormal, self.beyond = [], [], [], []
         # Where each skipped iteration's inf came from: the first rounded tensor whose
@@ -223,9 +240,13 @@ def iqr(values) -> float:
     return float(high - low)
 
 
-def run_workload(workload: Workload, profile: Profile, log) -> dict:
-    policies = [*POLICIES, "fp32"]
-    runs = {policy: Run(workload, policy) for policy in policies}
+def run_workload(
+    workload: Workload, profile: Profile, log, settings: dict, same_run_as: dict
+) -> dict:
+    """Train ``workload`` under each of ``settings`` (policy -> GradScaler's arguments) and
+    in fp32, in lockstep; a row of ``same_run_as`` repeats another policy's."""
+    policies = [*settings, "fp32"]
+    runs = {policy: Run(workload, policy, settings.get(policy)) for policy in policies}
     order_rng = np.random.default_rng((SEED, 3))
     started = time.perf_counter()
     for iteration in range(workload.iterations):
@@ -242,7 +263,7 @@ def run_workload(workload: Workload, profile: Profile, log) -> dict:
             )
             log(f"  {workload.name}: {done}/{workload.iterations} in {elapsed:.0f} s; {scales}")
     summaries = {policy: run.summary(profile.tail) for policy, run in runs.items()}
-    for alias, same in SAME_RUN_AS.items():
+    for alias, same in same_run_as.items():
         summaries[alias] = dict(summaries[same], policy=alias, same_run_as=same)
     return {
         "name": workload.name,
@@ -268,6 +289,13 @@ def parse_args(argv):
         help="comma-separated subset of: digits-mlp, copy-lm, outlier-batches, fine-tuning, "
         "recurrent (default: all)",
     )
+    parser.add_argument(
+        "--periods",
+        type=parse_periods,
+        default=[],
+        help="comma-separated measure_every values, e.g. 16,64,256: the headroom policy "
+        "at each, beside the default runs (default: none)",
+    )
     parser.add_argument("--json", metavar="PATH", help="write every result to PATH as JSON")
     parser.add_argument(
         "--figure",
@@ -283,6 +311,18 @@ def parse_args(argv):
     if args.replot and not args.figure:
         parser.error("--replot needs --figure")
     return args
+
+
+def parse_periods(text: str) -> list[int]:
+    try:
+        periods = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        periods = []
+    if not periods or min(periods) < 1:
+        raise argparse.ArgumentTypeError(
+            f"--periods wants positive integers, e.g. 16,64,256: {text!r}"
+        )
+    return list(dict.fromkeys(periods))
 
 
 def machine_info() -> dict:
@@ -314,6 +354,7 @@ def main(argv=None) -> int:
     command = " ".join(shlex.quote(part) for part in [sys.executable, *sys.argv])
     info = machine_info()
     measure_every = HeadroomRule.measure_every
+    settings, same_run_as = policies_for(args.periods)
     print("Loss-scale policies on fp16-emulated training (every matmul rounded through float16)")
     print(f"command:  {command}")
     print(
@@ -334,6 +375,14 @@ def main(argv=None) -> int:
         f"peak_half_life {rule.peak_half_life}, calibration {rule.calibration_iterations} x "
         f"{rule.calibration_stride}"
     )
+    for period in args.periods:
+        half_life = HeadroomRule(measure_every=period).peak_half_life
+        print(
+            f"period:   {period_policy(period)}: measures in the first "
+            f"{rule.calibration_iterations} iterations and every {period}th, peak_half_life "
+            f"{half_life}"
+            + (" (headroom's own run)" if period_policy(period) in same_run_as else "")
+        )
     for workload in workloads:
         print(
             f"workload: {workload.name}, {workload.iterations} iterations: {workload.description}"
@@ -351,13 +400,16 @@ def main(argv=None) -> int:
     started = time.perf_counter()
     results = []
     for workload in workloads:
-        result = run_workload(workload, profile, log)
+        result = run_workload(workload, profile, log, settings, same_run_as)
         result["window"] = profile.window
         results.append(result)
     elapsed = time.perf_counter() - started
     print()
     print_table(results)
     print()
+    if args.periods:
+        print_periods_table(results, args.periods)
+        print()
     reach = within_reach(results)
     checks = check_targets(results, reach)
     print_checks(checks)
@@ -371,7 +423,8 @@ def main(argv=None) -> int:
                     "machine": info,
                     "quick": args.quick,
                     "measure_every": measure_every,
-                    "policies": {**POLICIES, **{k: f"= {v}" for k, v in SAME_RUN_AS.items()}},
+                    "periods": args.periods,
+                    "policies": {**settings, **{k: f"= {v}" for k, v in same_run_as.items()}},
                     "results": results,
                     "checks": checks,
                     "within_reach": reach,

@@ -30,6 +30,15 @@ LOSS_TOLERANCE = 0.05
 # -- the report --------------------------------------------------------------------------
 
 
+def period_policy(period: int) -> str:
+    """The row of the headroom policy at ``measure_every=period`` (``--periods``)."""
+    return f"headroom (measure_every={period})"
+
+
+def label_of(policy: str) -> str:
+    return POLICY_LABELS.get(policy, policy)
+
+
 def print_table(results: list[dict]) -> None:
     print(
         "| workload | policy | skipped /1000 it | flushed to zero | subnormal | "
@@ -39,7 +48,7 @@ def print_table(results: list[dict]) -> None:
     for result in results:
         for policy in TABLE_ORDER:
             row = result["summaries"][policy]
-            cells = [result["name"], POLICY_LABELS[policy]]
+            cells = [result["name"], label_of(policy)]
             if policy == "fp32":
                 cells += ["-", "-", "-", "-"]
             else:
@@ -52,6 +61,30 @@ def print_table(results: list[dict]) -> None:
             cells.append(f"{row['final_loss']:.4g}")
             cells.append(f"{row['step_ms_median']:.3f}")
             cells.append("-" if policy == "fp32" else f"2^{math.log2(row['final_scale']):g}")
+            print("| " + " | ".join(cells) + " |")
+
+
+def print_periods_table(results: list[dict], periods: list[int]) -> None:
+    """The headroom policy at each of ``periods``, beside interval's run."""
+    print(
+        "| workload | policy | skipped /1000 it | flushed to zero | subnormal | final loss | "
+        "final scale | step+update ms |"
+    )
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for result in results:
+        for policy in ["interval", *(period_policy(period) for period in periods)]:
+            row = result["summaries"][policy]
+            same = row.get("same_run_as")  # at the default period, headroom's own run
+            cells = [
+                result["name"],
+                label_of(policy)[:-1] + (f", the default: {same}'s run)" if same else ")"),
+                f"{row['skipped_per_1000']:.2f}",
+                percent(row["flushed_fraction"]),
+                percent(row["subnormal_fraction"]),
+                f"{row['final_loss']:.4g}",
+                f"2^{math.log2(row['final_scale']):g}",
+                f"{row['step_ms_median']:.3f}",
+            ]
             print("| " + " | ".join(cells) + " |")
 
 
@@ -157,8 +190,10 @@ def print_details(results: list[dict]) -> None:
     """What the table leaves out: the scalers' own counts and where overflows came from."""
     for result in results:
         print(f"\n{result['name']} ({result['seconds']:.0f} s):")
-        for policy in ("interval", "headroom", "deepspeed"):
-            row = result["summaries"][policy]
+        rows = result["summaries"]
+        # Every policy run (not the fp32 run, nor a row that is another's run).
+        for policy in [p for p, row in rows.items() if p != "fp32" and "same_run_as" not in row]:
+            row = rows[policy]
             bits = row["headroom_bits"]
             origins = sorted(row["overflow_origins"].items(), key=lambda item: -item[1])
             print(
@@ -178,11 +213,13 @@ def print_details(results: list[dict]) -> None:
                     or "none"
                 )
             )
-        cost = {p: result["summaries"][p]["step_ms_median"] for p in ("interval", "headroom")}
-        base = result["summaries"]["fp32"]["step_ms_median"]
+        cost = {p: row["step_ms_median"] for p, row in rows.items() if "same_run_as" not in row}
+        base, interval = cost.pop("fp32"), cost.pop("interval")
+        others = ", ".join(
+            f"{p} {ms:.3f} ms ({ms - interval:+.3f})" for p, ms in cost.items() if p != "deepspeed"
+        )
         print(
-            f"  step+update median: interval {cost['interval']:.3f} ms, headroom "
-            f"{cost['headroom']:.3f} ms ({cost['headroom'] - cost['interval']:+.3f}); the fp32 "
+            f"  step+update median: interval {interval:.3f} ms, {others}; the fp32 "
             f"run's optimizer.step alone {base:.3f} ms"
         )
 

@@ -16,6 +16,7 @@ OPTION_COLUMNS = [
     ("`stuck_after=100`", "ours-step[stuck]"),
     ("`report_overflows`", "ours-step[report]"),
     ('`policy="headroom"`', "ours-step[headroom]"),
+    ("`measure_every=1`", "ours-step[measure every step]"),
 ]
 
 

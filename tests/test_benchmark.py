@@ -23,6 +23,7 @@ OPTION_ROWS = [
     "ours-step[stuck]",
     "ours-step[report]",
     "ours-step[headroom]",
+    "ours-step[measure every step]",
 ]
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -201,6 +202,38 @@ def test_quick_policy_benchmark_runs_the_workloads_asked_for(tmp_path):
     assert [workload["name"] for workload in results["results"]] == ["outlier-batches"]
     rejected = run_policy_benchmark("--workloads", "mnist")
     assert rejected.returncode != 0 and "unknown ['mnist']" in rejected.stderr
+
+
+def test_quick_policy_benchmark_runs_headroom_at_the_periods_asked_for(tmp_path):
+    json_path = tmp_path / "policies.json"
+    result = run_policy_benchmark(
+        "--workloads", "fine-tuning", "--periods", "16,64", "--json", json_path
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    results = json.loads(json_path.read_text())
+    assert results["periods"] == [16, 64]
+    assert results["policies"]["headroom (measure_every=16)"] == {
+        "policy": "headroom",
+        "measure_every": 16,
+    }
+    rows = results["results"][0]["summaries"]
+    assert set(rows) == {*POLICY_ROWS, "headroom (measure_every=16)", "headroom (measure_every=64)"}
+    # Its own run at 16; at the default period, headroom's run, said so.
+    assert "same_run_as" not in rows["headroom (measure_every=16)"]
+    assert rows["headroom (measure_every=64)"]["same_run_as"] == "headroom"
+    assert rows["headroom (measure_every=64)"]["flushed"] == rows["headroom"]["flushed"]
+    assert (
+        "period:   headroom (measure_every=16): measures in the first 3 iterations and "
+        "every 16th, peak_half_life 128" in result.stdout
+    )
+    assert "| fine-tuning | headroom (measure_every=16) |" in result.stdout
+    assert "| fine-tuning | headroom (measure_every=64, the default: headroom's run) |" in (
+        result.stdout
+    )
+    # Without --periods, no such rows (the default run, as it was).
+    assert "measure_every=" not in run_policy_benchmark("--workloads", "fine-tuning").stdout
+    rejected = run_policy_benchmark("--periods", "16,0")
+    assert rejected.returncode != 0 and "--periods wants positive integers" in rejected.stderr
 
 
 def test_beyond_any_scale_is_what_the_best_scale_still_flushes(monkeypatch):
