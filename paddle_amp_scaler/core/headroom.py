@@ -29,9 +29,9 @@ class HeadroomMemory(Memory):
     Args:
         peak: the largest true (unscaled) amax measured lately, forgetting a bit every
             ``peak_half_life`` iterations (0: none yet).
-        overflow_peak: the peak an overflow implies: one whose fit keeps the scale a
-            growth below a scale that overflowed soon after the scale reached it. It
-            falls a growth every ``incr_every_n_steps`` iterations (0: none).
+        overflow_peak: the peak whose fit keeps the scale a growth below one that
+            overflowed soon after it was reached, falling a growth every
+            ``incr_every_n_steps`` iterations (0: none).
         anchor: the scale after the last measured iteration (0: none yet).
         grown_at: the iteration of the last growth (``NEVER``: none).
         amax: the amax of the last finite measured iteration (0: none yet).

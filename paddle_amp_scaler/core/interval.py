@@ -96,8 +96,8 @@ class Rule:
 
     def stand_in(self, place: Any, dtype: Any) -> Tensor:
         """A [1] zero of ``dtype`` on ``place``, the rule's own, for a kernel argument whose
-        value does not matter (``update_loss_scaling``'s ``xs``, which it zeroes on an
-        overflow, and the scale and counters it leaves alone with ``stop_update``)."""
+        value does not matter (``update_loss_scaling``'s ``xs``, and with ``stop_update``
+        its scale and counters)."""
         return self._kept(
             ("stand-in", str(dtype)), place, lambda: paddle.to_tensor([0], dtype=dtype, place=place)
         )

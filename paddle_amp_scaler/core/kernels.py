@@ -67,10 +67,7 @@ def measure(grads: Sequence[Tensor | None], times: Tensor | None = None) -> Tens
     # autograd on, each measurement would record a graph, and what keeps it (the
     # headroom rule's memory) would chain one more to it every measured iteration.
     with paddle.no_grad():
-        for grad in grads:
-            grad = held(grad)
-            if not is_checked(grad):
-                continue
+        for grad in filter(is_checked, map(held, grads)):
             if times is not None:
                 grad = grad.astype(paddle.float32) * local(times).reshape([])
             if grad.dtype not in bounds:
@@ -148,8 +145,7 @@ def scaled(tensor: Tensor, scale: Tensor) -> Tensor:
     float16 loss times a large scale would overflow in float16)."""
     if tensor.dtype not in (paddle.float32, paddle.float64):
         tensor = tensor.astype(paddle.float32)
-    # One operation that keeps the tensor's shape (a 0-d loss stays 0-d); it takes the
-    # factor from the device, in the tensor's precision. A dist loss takes a dense factor.
+    # One operation that keeps a 0-d loss 0-d, with the factor on the device (the facts).
     return C_ops.scale(tensor, local(scale), 0.0, True)
 
 
