@@ -1,23 +1,15 @@
-"""Ranks in agreement: the found-inf flag reduced over a process group, a check that
-every rank holds the same scaler state, and logs from rank 0 only.
-
-With sharding, tensor or pipeline parallelism each rank checks different gradients, and
-a rank that skips a step another takes corrupts the model. So each unscale's flag is
-reduced (MAX) over the group with Paddle's own collective, on the device, before any
-rank decides: every rank skips the same steps and, as the update rule and statistics
-follow the flag, holds the same scale, counters and statistics.
-
-Under Paddle 3's semi-automatic parallelism the ranks that share the dist gradients are
-those of their process meshes, and there may be no global group (``dist.all_reduce``
-refuses): the flag is reduced as Paddle reduces a partial tensor, held as a partial MAX
-on those ranks and made replicated, which is one all-reduce.
+"""Ranks in agreement (``docs/distributed.md``): each unscale's found-inf flag reduced
+(MAX) over the group on the device before any rank decides, a check that the ranks hold
+the same scaler, and logs from rank 0 only. Under Paddle 3's semi-automatic parallelism,
+where there may be no global group (``dist.all_reduce`` refuses), the flag is reduced
+over the gradients' process meshes as Paddle reduces a partial tensor: one all-reduce.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any
 
 import paddle
 import paddle.distributed as dist
@@ -28,10 +20,8 @@ from . import validation
 
 
 class RankZeroOnly(logging.Filter):
-    """Lets a record through on rank 0 only, so that a run of N ranks logs once, not N
-    times. Installed on the ``paddle_amp_scaler`` logger; remove it
-    (``logging.getLogger("paddle_amp_scaler").removeFilter(rank_zero_only)``) to hear
-    from every rank."""
+    """Lets a record through on rank 0 only, so that N ranks log once. Installed on the
+    ``paddle_amp_scaler`` logger as ``rank_zero_only``: remove it to hear every rank."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         return on_rank_zero()
@@ -58,13 +48,10 @@ class FoundInfSync:
         self, flag: Tensor, amax: Tensor | None, mesh: Any = None
     ) -> tuple[Tensor, Tensor | None]:
         """An unscale's found-inf ``flag`` OR-ed over the ranks, and its ``amax`` (where
-        measured) the largest over them, on the device, no read, in one collective; both
-        as they are when no reduction is due. The ranks: those of ``mesh``, the process
-        mesh of the unscale's dist gradients (``mesh_of``), else ``group``'s.
-
-        Every rank must call this for the same unscales in the same order, whatever its
-        gradients: the scaler calls it once per unscale, gradients or none.
-        """
+        measured) the largest over them, in one collective on the device; both as they
+        are when no reduction is due. The ranks: those of ``mesh``, the process mesh of
+        the unscale's dist gradients (``mesh_of``), else ``group``'s. Every rank must call
+        it for the same unscales in the same order, whatever its gradients."""
         if not self._reduces(mesh):
             return flag, amax
         if amax is None:
@@ -87,9 +74,8 @@ class FoundInfSync:
         return dist.reshard(partial, mesh, [dist.Replicate()] * mesh.ndim)._local_value()
 
     def _reduces(self, mesh: Any) -> bool:
-        """Whether a reduction is due: over ``mesh`` where there is one, else where
-        ``group`` has several ranks, asked at each call (a fraction of a microsecond) so
-        that a scaler built before ``init_parallel_env`` reduces once it has run."""
+        """Whether a reduction is due: over ``mesh`` if any, else where ``group`` has
+        several ranks, asked at each call so that ``init_parallel_env`` may come later."""
         if not self.enabled or mesh is not None:
             return self.enabled
         return bool(dist.is_initialized() and dist.get_world_size(self.group) > 1)
@@ -121,18 +107,25 @@ def check_consistency(scaler: Any, group: Group | None) -> None:
         **stats.to_state(),
     }
     mine = paddle.to_tensor([float(value) for value in values.values()], dtype=paddle.float64)
-    rows = _rows_of_every_rank(mine, group)
+    if dist.is_initialized():
+        gathered: list[Tensor] = []
+        dist.all_gather(gathered, mine, group=group)
+        rows = [row.numpy().tolist() for row in gathered]
+    else:
+        # No global group: the rows travel as the shards of one dist tensor made replicated.
+        mesh = dist.ProcessMesh(list(range(dist.get_world_size())))
+        shards = paddle.base.core.dtensor_from_local(mine.reshape([1, -1]), mesh, [dist.Shard(0)])
+        rows = dist.reshard(shards, mesh, [dist.Replicate()])._local_value().numpy().tolist()
     ranks = list(group.ranks) if group is not None else list(range(len(rows)))
-    reference = rows[0]
     differences = [
         f"rank {rank}: "
         + ", ".join(
             f"{name} {value:g} (rank {ranks[0]}: {expected:g})"
-            for name, value, expected in zip(values, row, reference)
+            for name, value, expected in zip(values, row, rows[0])
             if value != expected
         )
         for rank, row in zip(ranks, rows)
-        if row != reference
+        if row != rows[0]
     ]
     if differences:
         raise RuntimeError(
@@ -142,16 +135,3 @@ def check_consistency(scaler: Any, group: Group | None) -> None:
             "optimizers; keep sync_found_inf=True unless every rank's gradients are "
             "identical"
         )
-
-
-def _rows_of_every_rank(mine: Tensor, group: Group | None) -> list[list[float]]:
-    """``mine``, a 1-D tensor, as every rank of ``group`` holds it, in rank order."""
-    if dist.is_initialized():
-        gathered: list[Tensor] = []
-        dist.all_gather(gathered, mine, group=group)
-        return [row.numpy().tolist() for row in gathered]
-    # No global group: the rows travel as the shards of one dist tensor made replicated.
-    mesh = dist.ProcessMesh(list(range(dist.get_world_size())))
-    rows = paddle.base.core.dtensor_from_local(mine.reshape([1, -1]), mesh, [dist.Shard(0)])
-    replicated = dist.reshard(rows, mesh, [dist.Replicate()])
-    return cast("list[list[float]]", replicated._local_value().numpy().tolist())

@@ -1,12 +1,6 @@
 """The headroom policy as a type: ``HeadroomRule``, and ``HeadroomMemory``, what it
-remembers beyond the scale and its counters.
-
-Paddle's rule grows blindly every period and climbs back one growth per period after a
-spike. This one measures the gradients' largest magnitude (the amax) and fits the scale
-to the largest amax seen lately, a margin below float16's ceiling, so the scale sits as
-high as the gradients allow, as soon as they allow it: small gradients flush to zero far
-less. It is written once, on the device; the tests hold it to a reference of their own
-(``tests/reference_rule.py``) on long random sequences.
+remembers beyond the scale and its counters. Why it fits the scale to the gradients'
+largest magnitude, and what that costs: ``docs/concepts.md``, "The headroom policy".
 """
 
 from __future__ import annotations
@@ -35,15 +29,12 @@ class HeadroomMemory(Memory):
     Args:
         peak: the largest true (unscaled) amax measured lately, forgetting a bit every
             ``peak_half_life`` iterations (0: none yet).
-        overflow_peak: the peak an overflow implies: one whose fit keeps the scale a
-            growth below a scale that overflowed soon after the scale reached it. It
-            falls a growth every ``incr_every_n_steps`` iterations (0: none).
+        overflow_peak: the peak whose fit keeps the scale a growth below one that
+            overflowed soon after it was reached, falling a growth every
+            ``incr_every_n_steps`` iterations (0: none).
         anchor: the scale after the last measured iteration (0: none yet).
         grown_at: the iteration of the last growth (``NEVER``: none).
         amax: the amax of the last finite measured iteration (0: none yet).
-
-    ``incr_count`` counts the finite iterations since the last overflow: the counters
-    only ever back off.
     """
 
     FLOATS: ClassVar[tuple[str, ...]] = ("scale", "peak", "overflow_peak", "anchor", "amax")
@@ -76,20 +67,8 @@ class HeadroomRule(Rule):
                        most 65504 / 2**margin (calibration_margin in the first
                        iterations)
 
-    Why: gradients shrink as a loss falls, and a run can be short; a blind rule leaves the
-    scale far below what they allow for a thousand iterations at a time, and float16
-    flushes what falls below its floor. One measured amax is a single draw: the peak over
-    several is what the iterations between measurements reach. A fit downward meets
-    gradients that grow before they overflow; a peak far above the latest amax is stale,
-    the gradients having shrunk. An overflow soon after a growth says that level is too
-    high, for a long while; one long after it is a spike, and the scale climbs back at
-    the next measurement. A measured amax above 65504 that is finite is not of float16
-    gradients (float32 ones where ``amp_guard`` is off, or gradients summed over several
-    backward passes): the rule holds the scale. The amax is measured in the first
-    ``calibration_iterations`` and then one in ``measure_every``, where a few operations
-    per gradient are cheap next to a step.
-
-    The Paddle arguments keep their meaning but for one: ``incr_every_n_steps`` is how
+    Why each step: ``docs/concepts.md``, "The headroom policy". A finite amax above 65504
+    is not of float16 gradients: the rule holds the scale. ``incr_every_n_steps`` is how
     long a scale that overflowed is held off, a growth each that many iterations.
 
     Args (beyond ``Rule``'s, whose ``measure_every`` is 64 here; the policy's tuning,
@@ -135,18 +114,24 @@ class HeadroomRule(Rule):
         self, memory: Memory, found: Tensor, amax: Tensor | None = None, iteration: int = 0
     ) -> Tensor:
         """The rule on the device tensors of ``memory``, in place, after ``iteration``
-        (1-based): the interval rule's back-off in every iteration (its cost, no more);
-        in a measured one (``amax``, the largest magnitude among the scaled gradients
-        checked, before unscaling), the rest in some forty operations on tensors that
-        never leave the device. Returns whether the rule grew or backed off (a fit
-        downward is neither), a bool [1] tensor."""
-        backed_off = self._count_and_move_(memory, found)
+        (1-based): ``Rule``'s back-off in every iteration, at its cost; in a measured one
+        (``amax``, the largest magnitude among the scaled gradients checked), the rest, in
+        some forty operations on the device. Returns whether the rule grew or backed off
+        (a fit downward is neither), a bool [1] tensor."""
+        backed_off = super().adjust_(memory, found)
         if amax is None:
             return backed_off
         tensors = cast(HeadroomMemory, memory)
-        known = self._numbers(iteration, tensors.scale.place)
-        scale = tensors.scale
-        if iteration <= self.calibration_iterations:
+        scale, place = tensors.scale, tensors.scale.place
+        calibrating = iteration <= self.calibration_iterations
+        since = 1  # iterations since the last measured one
+        if not calibrating:
+            every = cast(int, self.measure_every)
+            since = iteration - max((iteration - 1) // every * every, self.calibration_iterations)
+        known: _MeasuredIteration = self._kept(
+            (since, calibrating), place, lambda: _MeasuredIteration(self, since, calibrating, place)
+        )
+        if calibrating:
             # Lowered, the scale stays under the ceiling: clipping to both bounds applies
             # the floor, with no bound tensor to keep.
             lowered = C_ops.clip(scale * known.calibration_factor, *known.bounds)
@@ -183,51 +168,24 @@ class HeadroomRule(Rule):
         paddle.assign(C_ops.where(finite, amax, tensors.amax), output=tensors.amax)
         return paddle.logical_or(backed_off, grew)
 
-    def _numbers(self, iteration: int, place: Any) -> _MeasuredIteration:
-        """The numbers of measured ``iteration``, on ``place``."""
-        calibrating = iteration <= self.calibration_iterations
-        if calibrating:
-            since = 1
-        else:
-            every = cast(int, self.measure_every)
-            previous = (iteration - 1) // every * every
-            since = iteration - max(previous, self.calibration_iterations)
-        return cast(
-            _MeasuredIteration,
-            self._kept(
-                (since, calibrating),
-                place,
-                lambda: _MeasuredIteration(self, since, calibrating, place),
-            ),
-        )
-
-    # -- the state dict -------------------------------------------------------------------
-
     @classmethod
     def memory_from_state(cls, value: Any, name: str) -> dict[str, Any]:
-        # Where each field of the memory may lie; those in FLOATS are numbers, the rest ints.
-        bounds: dict[str, tuple[Any, Any]] = {
-            "peak": (0, FLOAT32_MAX),
-            "overflow_peak": (0, FLOAT32_MAX),
-            "anchor": (0, FLOAT32_MAX),
-            "grown_at": (NEVER, INT32_MAX),
-            "amax": (0, FLOAT32_MAX),
-        }
-        validation.check_keys(value, name, tuple(bounds))
-        return {
-            key: (
-                validation.check_number_within
-                if key in HeadroomMemory.FLOATS
-                else validation.check_int_within
-            )(value[key], f"{name}[{key!r}]", *bounds[key])
-            for key in bounds
-        }
+        keys = ("peak", "overflow_peak", "anchor", "grown_at", "amax")
+        validation.check_keys(value, name, keys)
+        checked: dict[str, Any] = {}
+        for key in keys:
+            where = f"{name}[{key!r}]"
+            if key == "grown_at":
+                checked[key] = validation.check_int_within(value[key], where, NEVER, INT32_MAX)
+            else:
+                checked[key] = validation.check_number_within(value[key], where, 0, FLOAT32_MAX)
+        return checked
 
 
 class _MeasuredIteration:
-    """The numbers a measured iteration works with, rounded to float32 as the device
-    holds them: the scalars as Python floats, the rest as [1] tensors on ``place``, and
-    the factors ``incr_ratio**k`` for k from -max_fit_steps to max_fit_steps whole."""
+    """The numbers a measured iteration works with, in float32 as on the device: scalars
+    as Python floats, the rest as tensors on ``place``, among them the factors
+    ``incr_ratio**k`` for whole k from -max_fit_steps to max_fit_steps."""
 
     def __init__(self, rule: HeadroomRule, since: int, calibrating: bool, place: Any) -> None:
         def single(value: float) -> float:

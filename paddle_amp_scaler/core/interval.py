@@ -1,14 +1,7 @@
 """What every loss-scaling rule is (``Rule``, and ``Memory``, what it remembers between
-iterations), and Paddle's rule as one: ``IntervalRule``.
-
-A rule is a frozen value holding its settings; its memory is apart from them, in the
-host numbers of ``Memory`` or the same fields as device tensors. ``IntervalRule`` has two
-forms written next to each other, with the same names and the same direction of every
-comparison: ``adjust``, the pure transition on host numbers, which is the
-specification (MindSpore's managers run it on the host); and ``adjust_``, the same
-transition on the device tensors, in place, with no read. The tests hold the second to
-the first on long random sequences, and the first to worked examples and to Paddle's
-own scaler.
+iterations), and Paddle's rule as one, ``IntervalRule``: its pure ``adjust`` on host
+numbers, the specification, and beside it ``adjust_``, the same on device tensors with
+the same names and comparisons, which the tests hold to the first.
 """
 
 from __future__ import annotations
@@ -16,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar
 
 import numpy as np
 import paddle
@@ -30,10 +23,9 @@ from .validation import FLOAT32_MAX, INT32_MAX
 class Memory:
     """What a rule remembers between iterations: the scale and its two streak counters.
 
-    On the host the scale is a ``numpy.float32``, as the device holds it, and every
-    product of the rule is rounded as the device rounds it; a Python float keeps Python's
-    arithmetic (MindSpore's managers keep theirs so). On the device each field is a [1]
-    tensor: float32 for the fields in ``FLOATS``, int32 for the others.
+    On the host the scale is a ``numpy.float32``, rounded as the device rounds it (a
+    Python float keeps Python's arithmetic, as MindSpore's managers do). On the device
+    each field is a [1] tensor: float32 for those in ``FLOATS``, int32 for the others.
     """
 
     FLOATS: ClassVar[tuple[str, ...]] = ("scale",)
@@ -54,10 +46,9 @@ class Memory:
 @dataclasses.dataclass(frozen=True)
 class Rule:
     """What every rule shares: Paddle's four settings, the bounds of the scale, and the
-    back-off after ``decr_every_n_nan_or_inf`` iterations with inf/nan in a row, which
-    every rule takes from Paddle's ``update_loss_scaling`` kernel. A rule says how the
-    scale grows (``count``, ``adjust_``) and what it remembers beyond the scale and its
-    counters (``memory_type``, ``state_key``).
+    back-off of Paddle's ``update_loss_scaling`` kernel (``adjust_``). A rule says how the
+    scale grows and what it remembers beyond the scale and its counters (``memory_type``,
+    ``state_key``).
 
     Args:
         incr_ratio: the factor of a growth.
@@ -91,9 +82,9 @@ class Rule:
     measure_every: int | None = None
 
     def __post_init__(self) -> None:
-        # What the rule keeps on each device it runs on, made once per place (on a GPU a
-        # copy from the host waits for it). Not a field: a copied or pickled rule makes
-        # its own where it runs.
+        # What the rule keeps on each device, made once per place (on a GPU a copy from
+        # the host waits for it). Not a field: a rule made by ``dataclasses.replace`` (as
+        # pickling a scaler does) makes its own.
         object.__setattr__(self, "_on_device", {})
 
     def _kept(self, key: Any, place: Any, make: Callable[[], Any]) -> Any:
@@ -105,20 +96,15 @@ class Rule:
 
     def stand_in(self, place: Any, dtype: Any) -> Tensor:
         """A [1] zero of ``dtype`` on ``place``, the rule's own, for a kernel argument whose
-        value does not matter (``update_loss_scaling``'s ``xs``, which it zeroes on an
-        overflow, and the scale and counters it leaves alone with ``stop_update``)."""
-        return cast(
-            Tensor,
-            self._kept(
-                ("stand-in", str(dtype)),
-                place,
-                lambda: paddle.to_tensor([0], dtype=dtype, place=place),
-            ),
+        value does not matter (``update_loss_scaling``'s ``xs``, and with ``stop_update``
+        its scale and counters)."""
+        return self._kept(
+            ("stand-in", str(dtype)), place, lambda: paddle.to_tensor([0], dtype=dtype, place=place)
         )
 
     @property
     def incr_count_limit(self) -> int:
-        """``incr_count`` stays below it: the period of a rule that grows by the counters."""
+        """``incr_count`` stays below it: the period of a rule that grows by the count."""
         return INT32_MAX
 
     def measures(self, iteration: int) -> bool:
@@ -131,9 +117,8 @@ class Rule:
         return None
 
     def count(self, incr_count: int, decr_count: int, found: bool) -> tuple[int, int, bool]:
-        """The streak counters after an iteration, and whether the rule acts in it (grows
-        or backs off). They follow from the verdicts alone, never from the scale, so
-        that a scaler can keep them on the host while the verdicts reach it there."""
+        """The streak counters after an iteration, and whether the rule acts (grows or
+        backs off): from the verdicts alone, so a scaler can keep them on the host."""
         if found:
             decr_count += 1
             acts = decr_count == self.decr_every_n_nan_or_inf
@@ -147,20 +132,17 @@ class Rule:
     ) -> Tensor:
         """The rule on the device tensors of ``memory``, in place, from a bool [1] verdict
         and, in an iteration it measures, the amax; returns whether the rule acted, a
-        bool [1] tensor. Nothing is read."""
-        raise NotImplementedError
+        bool [1] tensor. Nothing is read.
 
-    def _count_and_move_(self, memory: Memory, found: Tensor) -> Tensor:
-        """``count`` and the move it makes, on the device: Paddle's ``update_loss_scaling``
-        kernel, one launch, with ``incr_count_limit`` as its growth period. It floors the
-        scale at 1.0, backs off by multiplying, refuses a growth that would overflow
-        float32, and resets the counter of the verdict's kind exactly when it acts,
-        leaving the other at 0. So a lower ``min_scale`` or a ``backoff_divisor`` redoes
-        its back-off, and a higher floor or a ``max_scale`` clips after it (no operation
-        for the defaults)."""
+        Here ``count`` and its move, which every rule shares and which is the whole of
+        ``IntervalRule``'s: Paddle's ``update_loss_scaling`` kernel, one launch, with
+        ``incr_count_limit`` as its period. It floors the scale at 1.0, backs off by
+        multiplying, refuses a growth that would overflow float32, and resets the counter
+        of the verdict's kind exactly when it acts, leaving the other at 0: a lower
+        ``min_scale`` or a ``backoff_divisor`` redoes its back-off, and a higher floor or
+        a ``max_scale`` clips after it."""
         scale = memory.scale
-        redo_backoff = self.min_scale < 1.0 or self.backoff_divisor is not None
-        before = scale.clone() if redo_backoff else None
+        before = scale.clone() if self.min_scale < 1.0 or self.backoff_divisor is not None else None
         # The kernel zeroes its ``xs`` when found_inf is set, and refuses an empty list:
         # the gradients were dealt with before, so it gets a stand-in.
         kernels.C_ops.update_loss_scaling_(
@@ -190,12 +172,11 @@ class Rule:
             kernels.clip_(scale, self.min_scale, self.max_scale or FLOAT32_MAX)
         return acted
 
-    # -- the state dict -------------------------------------------------------------------
-
     def memory_to_state(self, memory: Memory) -> dict[str, Any]:
         """The memory beyond the scale and its counters, as plain Python values for the
         state dict's ``state_key`` entry."""
-        return {key: value for key, value in memory.numbers().items() if key not in _COUNTED}
+        counted = [field.name for field in dataclasses.fields(Memory)]
+        return {key: value for key, value in memory.numbers().items() if key not in counted}
 
     @classmethod
     def memory_from_state(cls, value: Any, name: str) -> dict[str, Any]:
@@ -230,54 +211,34 @@ class IntervalRule(Rule):
     def incr_count_limit(self) -> int:
         return self.incr_every_n_steps
 
-    # -- the pure form ----------------------------------------------------------------
-
     def adjust(
         self, memory: Memory, found: bool, amax: float | None = None, iteration: int = 0
     ) -> tuple[Memory, bool]:
         """The memory after one iteration whose gradients held inf/nan (``found``) or not,
-        and whether the rule acted: grew or backed off, even where a bound held the scale
-        or float32's limit refused the growth. ``amax`` and ``iteration`` (1-based) are
-        for rules that measure the gradients; this one takes neither into account."""
+        each product in the scale's own precision, and whether the rule acted (grew or
+        backed off, even where a bound or float32's limit held the scale). It ignores
+        ``amax`` and ``iteration``. Its device form is ``Rule.adjust_``."""
         incr_count, decr_count, acts = self.count(memory.incr_count, memory.decr_count, found)
         scale = memory.scale
-        if acts:
-            scale = self.backed_off(scale) if found else self.grown(scale)
+        real = type(scale)
+        if acts and found:
+            if self.backoff_divisor is None:
+                scale = _times(scale, self.decr_ratio)
+            else:
+                scale = scale / real(self.backoff_divisor)
+            scale = max(scale, real(self.min_scale))
+        elif acts:
+            grown = _times(scale, self.incr_ratio)
+            if math.isfinite(grown):
+                scale = grown if self.max_scale is None else min(grown, real(self.max_scale))
         moved = dataclasses.replace(
             memory, scale=scale, incr_count=incr_count, decr_count=decr_count
         )
         return moved, acts
 
-    def backed_off(self, scale: Any) -> Any:
-        """``scale`` after a back-off, in its own precision, at least ``min_scale``."""
-        if self.backoff_divisor is None:
-            lowered = _times(scale, self.decr_ratio)
-        else:
-            lowered = scale / type(scale)(self.backoff_divisor)
-        return max(lowered, type(scale)(self.min_scale))
-
-    def grown(self, scale: Any) -> Any:
-        """``scale`` after a growth, in its own precision: at most ``max_scale``, and
-        unchanged where the product overflows."""
-        grown = _times(scale, self.incr_ratio)
-        if not math.isfinite(grown):
-            return scale
-        return grown if self.max_scale is None else min(grown, type(scale)(self.max_scale))
-
-    def adjust_(
-        self, memory: Memory, found: Tensor, amax: Tensor | None = None, iteration: int = 0
-    ) -> Tensor:
-        """``adjust`` on the device tensors of ``memory``, in place, from a bool [1]
-        verdict; returns whether the rule acted, a bool [1] tensor. Nothing is read."""
-        return self._count_and_move_(memory, found)
-
-
-# The memory every rule keeps, which Paddle's own state-dict keys hold.
-_COUNTED = tuple(field.name for field in dataclasses.fields(Memory))
-
 
 def _times(value: Any, factor: float) -> Any:
-    """``value * factor`` in ``value``'s own precision: a float32 product overflows to inf
-    as it does on the device."""
+    """``value * factor`` in ``value``'s precision: a float32 product overflows to inf as
+    on the device."""
     with np.errstate(over="ignore"):
         return value * type(value)(factor)

@@ -1,37 +1,33 @@
-"""Paddle's AMP kernels as the scaler uses them.
-
-Every function here but ``read_numbers`` queues work on the device and returns without
-waiting for it: nothing reads a tensor back to the host.
+"""Paddle's AMP kernels as the scaler uses them. Every function here but ``read_numbers``
+queues work on the device and returns without waiting: nothing reads a tensor back.
 
 Facts kept here:
 
-* ``check_finite_and_unscale_`` takes one dtype per call, and its scale must have the
-  kernel's compute dtype: float32 for float16/bfloat16/float32 grads, float64 for
-  float64 grads (the CPU build registers float32 and float64 only).
-* ``check_finite_and_unscale_`` writes its inputs: each value times ``1/scale``, and once
-  it meets a non-finite tensor it turns -inf into NaN and zeroes the tensors after it,
-  even at a scale of 1. An all-finite test that must leave its inputs alone cannot use it.
-* ``update_loss_scaling_`` refuses an empty ``xs`` and zeroes every tensor of ``xs``
-  when ``found_inf`` is set; with ``stop_update=True`` it does only that zeroing. Its
-  rule is ``interval.IntervalRule``'s, the facts of which that module keeps.
+* ``check_finite_and_unscale_`` takes one dtype per call, with a scale of the kernel's
+  compute dtype: float32 for float16/bfloat16/float32 grads, float64 for float64 grads
+  (the CPU build registers float32 and float64 only). It writes its inputs: each value
+  times ``1/scale``, and once it meets a non-finite tensor it turns -inf into NaN and
+  zeroes the tensors after it, even at a scale of 1: an all-finite test that must leave
+  its inputs alone cannot use it. Paddle 2.6's refuses a tensor with no elements.
+* ``update_loss_scaling_`` refuses an empty ``xs`` and zeroes every tensor of ``xs`` when
+  ``found_inf`` is set; with ``stop_update=True`` it does only that. Its rule is
+  ``interval.Rule.adjust_``'s.
 * Both keep their names and signatures from Paddle 2.6 to 3.x as ``C_ops`` functions.
-  Paddle 2.6's ``check_finite_and_unscale`` refuses a tensor with no elements, which
-  has nothing to check anyway.
 * ``C_ops.scale`` takes its factor as a tensor on the device and keeps a 0-d tensor
   0-d: one operation, where a multiply by a [1] scale needs a reshape first.
-* Under Paddle 3's semi-automatic parallelism gradients are dist tensors, and
-  ``check_finite_and_unscale_`` handed dist gradients turns the dense scale it was given
-  into a replicated dist tensor, in place (``dist.shard_scaler``'s unscale does so to the
-  scaler's ``_scale``). A dist tensor read as a Scalar (``C_ops.scale``'s factor) ends
-  the process, and a kernel that mixes dist and dense tensors raises. So every function
-  here works on what this rank holds (``local``): a dist tensor's local value shares its
-  storage, and a write to it is a write to the dist tensor.
+* Under Paddle 3's semi-automatic parallelism gradients are dist tensors; handed them,
+  ``check_finite_and_unscale_`` turns its dense scale into a replicated dist tensor, in
+  place (``dist.shard_scaler``'s unscale does so to the scaler's ``_scale``). A dist
+  tensor read as a Scalar (``C_ops.scale``'s factor) ends the process, and a kernel that
+  mixes dist and dense tensors raises. So every function here works on what this rank
+  holds (``local``): a dist tensor's local value shares its storage.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import paddle
 from paddle import Tensor
@@ -43,17 +39,11 @@ if TYPE_CHECKING:  # typing.TypeGuard needs Python 3.10
 # which mypy would follow (follow_imports does not reach stubs) and 2.6 has none.
 C_ops: Any = paddle._C_ops
 
-# Gradients by dtype (a paddle dtype), in parameter order: Paddle's kernels take one
-# dtype per call.
-GradGroups = dict[Any, list[Tensor]]
-
 
 def unscale_and_check_(grads: Sequence[Tensor | None], scale: Tensor, all_finite: Tensor) -> Tensor:
-    """Multiply ``grads`` (any dtypes, None for a missing one) in place by 1/scale and check
-    them for inf/nan: one launch per dtype group, however many tensors. Returns the
-    found-inf flag, a bool [1] tensor (``all_finite`` when there is nothing to check).
-    Of a sharded gradient, this rank's shard is checked: the ranks agree on the verdict
-    afterwards."""
+    """Multiply ``grads`` (any dtypes, None for a missing one; of a sharded one, this rank's
+    shard) in place by 1/scale and check them for inf/nan, one launch per dtype group.
+    Returns the found-inf flag, a bool [1] tensor (``all_finite`` if nothing is checked)."""
     scale = local(scale)
     flags = [
         C_ops.check_finite_and_unscale_(group, _scale_for(dtype, scale))[1]
@@ -67,21 +57,17 @@ FLOAT16_TINY = 2.0**-14
 
 
 def measure(grads: Sequence[Tensor | None], times: Tensor | None = None) -> Tensor | None:
-    """Each checked gradient (``is_checked``; of a sharded one, this rank's shard) as
-    ``times`` (a scale) times it, or as it is, measured: a float64 [n, 3] tensor of rows
-    (largest magnitude, elements in float16's subnormal range, nonzero elements), in the
-    order of ``grads``; None where none is checked. Seven operations per gradient, on
-    the device; measure before an unscale writes them."""
+    """Each checked gradient (``is_checked``; of a sharded one, this rank's shard), times
+    ``times`` (a scale) if given, measured: a float64 [n, 3] tensor of rows (largest
+    magnitude, elements in float16's subnormal range, nonzero elements) in the order of
+    ``grads``, or None. Seven operations per gradient; measure before an unscale."""
     largest, counts = [], []
     bounds: dict[Any, tuple[Tensor, Tensor]] = {}  # 0 and float16's floor, per dtype
     # Paddle hands out gradients that require gradients themselves: measured with
     # autograd on, each measurement would record a graph, and what keeps it (the
     # headroom rule's memory) would chain one more to it every measured iteration.
     with paddle.no_grad():
-        for grad in grads:
-            grad = held(grad)
-            if not is_checked(grad):
-                continue
+        for grad in filter(is_checked, map(held, grads)):
             if times is not None:
                 grad = grad.astype(paddle.float32) * local(times).reshape([])
             if grad.dtype not in bounds:
@@ -112,8 +98,8 @@ def amax_in(table: Tensor | None) -> Tensor | None:
 def zero_if_found_(
     grads: Sequence[Tensor | None], found_inf: Tensor, stand_in: Callable[[Any], Tensor]
 ) -> None:
-    """Set every gradient (None for a missing one) to zero when ``found_inf`` holds, decided
-    on the device: one launch per dtype group. ``stand_in(dtype)``: a [1] tensor of that
+    """Zero every gradient (None for a missing one) where ``found_inf`` holds, decided on
+    the device, one launch per dtype group. ``stand_in(dtype)``: a [1] tensor of that
     dtype for the kernel's arguments that do not matter here."""
     found_inf = local(found_inf)
     for dtype, group in grads_by_dtype_of(grads).items():
@@ -124,22 +110,19 @@ def zero_if_found_(
         C_ops.update_loss_scaling_(group, found_inf, scale, counter, counter, 1, 1, 2.0, 0.5, True)
 
 
-def grads_by_dtype_of(grads: Iterable[Tensor | None]) -> GradGroups:
-    """Gradients grouped by dtype, leaving out ``None`` and empty ones: Paddle's kernels
-    take one dtype per call. Of a dist gradient, the shard this rank holds."""
-    groups: GradGroups = {}
+def grads_by_dtype_of(grads: Iterable[Tensor | None]) -> dict[Any, list[Tensor]]:
+    """Gradients grouped by (Paddle) dtype in parameter order, leaving out ``None`` and
+    empty ones: Paddle's kernels take one dtype per call. Of a dist gradient, the shard
+    this rank holds."""
+    groups: dict[Any, list[Tensor]] = {}
     # Hashing a Paddle dtype costs half a microsecond; neighbours mostly share one,
     # and Paddle 3 returns the same dtype object for each.
     last_dtype, last_group = None, []
     for grad in grads:
-        if grad is None:
-            continue
-        if grad.is_dist():
+        if grad is not None and grad.is_dist():
             grad = held(grad)
-            if grad is None:
-                continue
         # is_checked, inline: this loop runs once per gradient and step.
-        if 0 not in grad.shape:
+        if grad is not None and 0 not in grad.shape:
             dtype = grad.dtype
             if dtype is not last_dtype:
                 last_dtype, last_group = dtype, groups.setdefault(dtype, [])
@@ -162,14 +145,13 @@ def scaled(tensor: Tensor, scale: Tensor) -> Tensor:
     float16 loss times a large scale would overflow in float16)."""
     if tensor.dtype not in (paddle.float32, paddle.float64):
         tensor = tensor.astype(paddle.float32)
-    # One operation that keeps the tensor's shape (a 0-d loss stays 0-d); it takes the
-    # factor from the device, in the tensor's precision. A dist loss takes a dense factor.
+    # One operation that keeps a 0-d loss 0-d, with the factor on the device (the facts).
     return C_ops.scale(tensor, local(scale), 0.0, True)
 
 
 def unscaled(tensor: Tensor, scale: Tensor) -> Tensor:
-    """A new tensor holding ``tensor * (1 / scale)`` in ``tensor``'s dtype, computed as the
-    unscale kernel computes it (float16 and bfloat16 through float32)."""
+    """A new tensor holding ``tensor * (1 / scale)`` in ``tensor``'s dtype, as the unscale
+    kernel computes it (float16 and bfloat16 through float32)."""
     inverse = paddle.reciprocal(_scale_for(tensor.dtype, local(scale))).reshape([])
     if tensor.dtype in (paddle.float16, paddle.bfloat16):
         return (tensor.astype(paddle.float32) * inverse).astype(tensor.dtype)
@@ -181,24 +163,17 @@ def largest_of(amaxes: Sequence[Tensor | None]) -> Tensor | None:
     iteration is measured only where every unscale in it was)."""
     if not amaxes or any(amax is None for amax in amaxes):
         return None
-    largest = cast(Tensor, amaxes[0])
-    for amax in amaxes[1:]:
-        largest = C_ops.maximum(largest, amax)
-    return largest
+    return functools.reduce(C_ops.maximum, amaxes)
 
 
 def any_of(flags: Sequence[Tensor]) -> Tensor:
     """Logical OR of bool tensors of shape [1], computed on the device."""
-    combined = local(flags[0])
-    for flag in flags[1:]:
-        combined = C_ops.bitwise_or(combined, local(flag))
-    return combined
+    return functools.reduce(C_ops.bitwise_or, [local(flag) for flag in flags])
 
 
 def all_finite(tensors: Iterable[Tensor]) -> Tensor:
-    """A bool [1] tensor: no inf/nan in ``tensors``, decided on the device; the tensors
-    are left as they are (the unscale kernel would write them). Integer and bool
-    tensors are always finite."""
+    """A bool [1] tensor: no inf/nan in ``tensors`` (integer and bool ones always pass),
+    decided on the device, leaving them as they are (the unscale kernel would not)."""
     finite = paddle.ones([1], dtype=paddle.bool)
     checked = [tensor for tensor in tensors if tensor.is_floating_point() and tensor.size]
     if checked:
@@ -215,10 +190,8 @@ def clip_(tensor: Tensor, lower: float, upper: float) -> None:
 def read_numbers(*tensors: Tensor) -> list[float]:
     """The values of ``tensors``, flattened and joined, in one read of the device: a sync,
     for getters, ``stats()`` and ``state_dict()`` only."""
-    together = paddle.concat(
-        [local(tensor).reshape([-1]).astype(paddle.float64) for tensor in tensors]
-    )
-    numbers: list[float] = together.numpy().tolist()
+    together = [local(tensor).reshape([-1]).astype(paddle.float64) for tensor in tensors]
+    numbers: list[float] = paddle.concat(together).numpy().tolist()
     return numbers
 
 

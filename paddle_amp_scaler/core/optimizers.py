@@ -1,9 +1,7 @@
-"""An optimizer in the scaler's hands: what it updates (its parameters and their
-gradients, through wrappers too), what the scaler knows of it during an iteration
-(``OptimizerRecord``: its stage and its verdict; unscaled, then stepped, at most once
-each), and how its step is skipped when the gradients hold inf/nan (``step_or_skip``): leaving
-every parameter and optimizer accumulator bit for bit as it was, without the scaler
-waiting for the device to decide.
+"""An optimizer in the scaler's hands: what it updates (parameters and gradients, through
+wrappers too), what the scaler knows of it in an iteration (``OptimizerRecord``,
+``Verdict``), and how its step is skipped on inf/nan (``step_or_skip``): every parameter
+and accumulator left bit for bit as it was, without waiting for the device.
 """
 
 from __future__ import annotations
@@ -97,7 +95,6 @@ def refuse_without_parameters(optimizer: Any) -> None:
 
 
 def _dict_groups(optimizer: Any) -> list[dict[str, Any]]:
-    """The optimizer's parameter groups where it was built with some, else []."""
     groups = getattr(optimizer, "_param_groups", None)
     return groups if groups and isinstance(groups[0], dict) else []
 
@@ -120,17 +117,13 @@ def first_wrapped(optimizer: Any, wanted: Callable[[Any], bool]) -> Any | None:
     return None
 
 
-# -- what the scaler knows of an optimizer in an iteration ----------------------------
-
-
 @dataclasses.dataclass(frozen=True)
 class Verdict:
     """Whether inf/nan was found, from an unscale to the update: a bool [1] ``flag`` on the
-    device, and ``on_host``, the same as a host bool where it reached the host at no cost
-    (an optimizer that read its flag leaves it behind as one), else None; at least one of
-    the two. ``amax``: where the unscale measured it, the largest magnitude among the
-    gradients as they came, float32 [1] on the device (meaningful only where nothing was
-    found)."""
+    device, and/or ``on_host``, the same as a host bool where it reached the host at no
+    cost (an optimizer that read its flag leaves it behind as one). ``amax``: where the
+    unscale measured it, the largest magnitude among the gradients as they came, float32
+    [1] on the device (meaningful only where nothing was found)."""
 
     flag: Tensor | None
     on_host: bool | None = None
@@ -203,8 +196,6 @@ class OptimizerRecord:
             )
 
 
-# -- skipping a step ---------------------------------------------------------------------
-
 # What a step returns when the scaler skipped it without calling the optimizer.
 SKIPPED = object()
 # Paddle's own clips, which map a zero gradient to zero.
@@ -219,10 +210,9 @@ def step_or_skip(
     noted: set[type],
 ) -> tuple[Any, bool | None]:
     """Step ``optimizer`` so that it changes nothing where ``record``'s verdict found
-    inf/nan, in the first of four ways that applies, each with its reason. Returns
-    ``run_step()``'s result (or SKIPPED), and the verdict as a host bool where the step
-    came to know it at no cost of its own (the scaler then applies its rule on the host),
-    else None. ``rule`` lends its stand-ins; ``noted``: the optimizer types whose host read
+    inf/nan, in the first of four ways that applies. Returns ``run_step()``'s result (or
+    SKIPPED), and the verdict as a host bool where the step learnt it at no cost, else
+    None. ``rule`` lends its stand-ins; ``noted``: the optimizer types whose host read
     was logged."""
     verdict = cast(Verdict, record.verdict)
     if verdict.on_host is not None:

@@ -1,12 +1,8 @@
-"""Which gradients overflowed, and which sit lowest: per-gradient reports.
-
-"Found inf or nan" says nothing about where. With ``report_overflows=True`` each
-unscale also counts, per gradient as backward left it, its inf and its nan elements
-(queued on the device, no read); the iteration's end reads the counts once, keeps those
-of an iteration that found any, and logs it.
-
-At the other end of float16's range, a measured iteration (``measure_every``) keeps per
-gradient its largest magnitude and its elements in float16's subnormal range
+"""Which gradients overflowed, and which sit lowest: per-gradient reports. With
+``report_overflows=True`` each unscale also counts, per gradient as backward left it,
+its inf and nan elements on the device; the iteration's end reads the counts once, and
+keeps and logs an iteration that found any. A measured iteration (``measure_every``)
+keeps per gradient its largest magnitude and its elements in float16's subnormal range
 (``Measurements``), on the device, for ``stats()`` and ``underflow_report`` to read.
 """
 
@@ -69,8 +65,7 @@ class UnderflowEntry:
 
 def recorder_for(report_overflows: Any) -> OverflowRecorder | None:
     """The recorder ``report_overflows`` asks for: None for False; for a model, one that
-    names each gradient as ``model.named_parameters()`` does, in the report and in the
-    log lines alike."""
+    names each gradient as ``model.named_parameters()`` does, in reports and logs."""
     if isinstance(validation.check_report_overflows(report_overflows), (bool, np.bool_)):
         return OverflowRecorder() if report_overflows else None
     names = {param.name: name for name, param in report_overflows.named_parameters()}
@@ -79,25 +74,21 @@ def recorder_for(report_overflows: Any) -> OverflowRecorder | None:
 
 class OverflowRecorder:
     """Counts per gradient during an iteration; keeps the last iteration that had any.
-
     ``names`` maps Paddle's parameter names (``linear_0.w_0``) to the model's structured
-    ones (``0.weight``); a parameter it does not know keeps Paddle's name.
-    """
+    ones (``0.weight``) where it knows them."""
 
     def __init__(self, names: dict[str, str] | None = None) -> None:
         self.names = names or {}
         # Per unscale: (param, grad dtype) in the order of the tally's rows, and the tally.
         self._pending: list[tuple[list[tuple[Any, Any]], Tensor]] = []
-        self._last: list[OverflowEntry] = []
-        self._params: dict[str, Any] = {}  # the parameters of self._last, by Paddle name
+        # The last iteration that found inf/nan: each entry with its parameter.
+        self._last: list[tuple[Any, OverflowEntry]] = []
 
     def count_(self, params: list[Any], grads: list[Tensor | None]) -> None:
         """Queue each gradient's inf and nan counts (of a sharded one, this rank's shard),
         before an unscale writes them: five operations per gradient."""
-        local_grads = [kernels.held(grad) for grad in grads]
-        checked = [
-            (param, grad) for param, grad in zip(params, local_grads) if kernels.is_checked(grad)
-        ]
+        shards = (kernels.held(grad) for grad in grads)
+        checked = [(param, grad) for param, grad in zip(params, shards) if kernels.is_checked(grad)]
         if checked:
             counts = [
                 paddle.stack([paddle.isinf(grad).sum(), paddle.isnan(grad).sum()])
@@ -111,37 +102,23 @@ class OverflowRecorder:
         an iteration that found inf/nan, and log it if it skipped."""
         pending, self._pending = self._pending, []
         rows = [tally for _, tally in pending]
-        if isinstance(found_inf, Tensor):
+        on_device = isinstance(found_inf, Tensor)
+        if on_device:
             # The verdict (reduced over ranks) rides in the same read, as a row of its own.
-            flag = kernels.local(found_inf).astype(paddle.int64)
-            rows.insert(0, paddle.expand(flag, [1, 2]))
-        read = paddle.concat(rows).numpy().tolist() if rows else []
-        if isinstance(found_inf, Tensor):
-            found_inf, read = bool(read[0][0]), read[1:]
-        skipped, counts = found_inf, read
+            rows.insert(0, paddle.expand(kernels.local(found_inf).astype(paddle.int64), [1, 2]))
+        counts = paddle.concat(rows).numpy().tolist() if rows else []
+        if on_device:
+            found_inf, counts = bool(counts[0][0]), counts[1:]
         owners = [owner for unscale_owners, _ in pending for owner in unscale_owners]
-        overflowed = [
-            (
-                param,
-                OverflowEntry(
-                    self.names.get(param.name, param.name),
-                    tuple(param.shape),
-                    _name_of(dtype),
-                    inf,
-                    nan,
-                    iteration,
-                ),
-            )
-            for (param, dtype), (inf, nan) in zip(owners, counts)
-            if inf or nan
-        ]
+        overflowed = []
+        for (param, dtype), (inf, nan) in zip(owners, counts):
+            if inf or nan:
+                name, shape = self.names.get(param.name, param.name), tuple(param.shape)
+                entry = OverflowEntry(name, shape, _name_of(dtype), inf, nan, iteration)
+                overflowed.append((param, entry))
         if overflowed:
-            self._last = sorted(
-                (entry for _, entry in overflowed),
-                key=lambda entry: -(entry.num_inf + entry.num_nan),
-            )
-            self._params = {entry.name: param for param, entry in overflowed}
-        if not skipped:
+            self._last = sorted(overflowed, key=lambda kept: -(kept[1].num_inf + kept[1].num_nan))
+        if not found_inf:
             return
         # Logged on rank 0 only, by the package logger's filter: in a distributed run
         # another rank's gradients may be the ones that overflowed.
@@ -152,29 +129,27 @@ class OverflowRecorder:
                 iteration,
             )
             return
-        entries = self.report()
         named = ", ".join(
             f"{entry.name} ({entry.num_inf} inf, {entry.num_nan} nan)"
-            for entry in entries[:_LOGGED]
+            for _, entry in self._last[:_LOGGED]
         )
-        more = f" and {len(entries) - _LOGGED} more" if len(entries) > _LOGGED else ""
+        more = f" and {len(overflowed) - _LOGGED} more" if len(overflowed) > _LOGGED else ""
         logger.warning("iteration %d skipped: inf/nan in %s%s", iteration, named, more)
 
     def __getstate__(self) -> dict[str, Any]:
         # Between iterations nothing is pending; the parameters kept for naming stay out
-        # of a pickle (a copy of the weights), so an unpickled report names by param.name.
-        return {**self.__dict__, "_pending": [], "_params": {}}
+        # of a pickle (a copy of the weights): an unpickled report keeps its names.
+        last = [(None, entry) for _, entry in self._last]
+        return {**self.__dict__, "_pending": [], "_last": last}
 
     def report(self, model: Any = None) -> list[OverflowEntry]:
         """The gradients of the last iteration that found inf/nan, most elements first;
         named as in ``model.named_parameters()`` when ``model`` is given (else as the
         recorder names them)."""
-        if model is None:
-            return list(self._last)
-        names = {id(param): name for name, param in model.named_parameters()}
+        names = {} if model is None else {id(p): n for n, p in model.named_parameters()}
         return [
-            dataclasses.replace(entry, name=names.get(id(self._params.get(entry.name)), entry.name))
-            for entry in self._last
+            dataclasses.replace(entry, name=names.get(id(param), entry.name))
+            for param, entry in self._last
         ]
 
 

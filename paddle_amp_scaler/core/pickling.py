@@ -1,7 +1,6 @@
-"""Pickling on every Paddle: a scaler's device tensors (its statistics' and overflow
-report's too) travel as NumPy arrays with the name of their device, so that a pickled or
-deep-copied scaler continues its run exactly on any supported Paddle: Paddle 2.6's
-tensors do not pickle, and Paddle 3's pickle with whatever place they had.
+"""Pickling on every Paddle: a scaler's device tensors travel as NumPy arrays with the
+name of their device, so that a pickled or deep-copied scaler continues its run exactly
+(Paddle 2.6's tensors do not pickle, and Paddle 3's keep whatever place they had).
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
-"""Argument checks shared by the constructors, the setters and ``load_state_dict``, and
-the limits of the numbers a scaler keeps, each written once. Each check returns the
-value as a plain Python type, or raises ``TypeError`` (wrong kind) or ``ValueError`` (out
-of range) naming the argument. The scale lives in float32 on the device and its streak
-counters in int32, as in Paddle's ``update_loss_scaling`` kernel, whose periods are C int
-attributes; gradients in float16 turn into inf above float16's largest value.
+"""Argument checks shared by the constructors, the setters and ``load_state_dict``, each
+returning the value as a plain Python type or raising ``TypeError`` (wrong kind) or
+``ValueError`` (out of range) naming the argument; and, once, the limits of what a scaler
+keeps: the scale in float32, its counters and periods in int32 (Paddle's
+``update_loss_scaling`` kernel), and gradients in float16, inf above its largest value.
 """
 
 from __future__ import annotations
