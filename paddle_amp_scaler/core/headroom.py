@@ -69,14 +69,13 @@ class HeadroomRule(Rule):
 
     Why each step: ``docs/concepts.md``, "The headroom policy". A finite amax above 65504
     is not of float16 gradients: the rule holds the scale. ``incr_every_n_steps`` is how
-    long a scale that overflowed is held off, a growth each that many iterations.
+    long a scale that overflowed is held off, a growth each that many iterations, and
+    ``measure_every`` is 64 unless the scaler is given one.
 
-    Args (beyond ``Rule``'s, whose ``measure_every`` is 64 here; the policy's tuning,
-    which the scalers leave at these values):
+    Args (beyond ``Rule``'s; the policy's tuning, which the scalers leave as they are):
         margin: bits kept between the peak amax and float16's ceiling.
         calibration_margin: the same, while the peak rests on the first measurements.
-        peak_half_life_periods: the peak halves in this many measurement periods
-            (``peak_half_life``: 512 iterations at the default period).
+        peak_half_life_periods: the peak halves in this many periods (512 iterations at 64).
         stale_bits: bits the peak may stand above the latest amax.
         max_fit_steps: the most growth steps one fit moves the scale, either way.
         calibration_iterations: the first iterations, all measured.
