@@ -180,9 +180,13 @@ def emulate_fp16_grads(model: paddle.nn.Layer) -> list[Any]:
     Paddle's CPU build runs no float16 matmul, so a float32 model stands in for an fp16
     one: each gradient is rounded to float16 in a gradient hook. Values beyond
     float16's range (65504) become inf and tiny ones flush to zero, so overflow,
-    skipped steps and back-off happen as they would on a GPU. Returns the hook handles
-    (call ``.remove()`` on each to undo). Paddle runs these hooks in ``backward()``, not
-    in ``paddle.grad``: there, round the gradients yourself.
+    skipped steps and back-off happen as they would on a GPU. Only the parameters'
+    gradients are rounded, as backward leaves them: the gradients inside the backward
+    pass (the activations'), where float16 flushes most, stay float32. Enough to test a
+    loop; to compare loss-scale policies, round every matmul with ``round_linear_layers``
+    (the demo does). Returns the hook handles (call ``.remove()`` on each to undo).
+    Paddle runs these hooks in ``backward()``, not in ``paddle.grad``: there, round the
+    gradients yourself.
     """
     _require_layer(model)
     return [
@@ -278,8 +282,10 @@ def round_linear_layers(
     float16 by ``round_through_float16``, so that forward values and the gradients of
     all four are float16's. ``census`` counts them under the layer's path in ``model``
     (``"blocks.0.up.weight"``; a ``model`` that is itself a Linear: its full name). The
-    parameters stay float32, as O1's master copies. Returns one handle per layer
-    (``.remove()`` undoes it). Matmuls written by hand need ``round_through_float16``.
+    parameters stay float32, as O1's master copies: what float16 does to a backward pass,
+    underflow included, which is what tells loss-scale policies apart. Returns one handle
+    per layer (``.remove()`` undoes it). Matmuls written by hand need
+    ``round_through_float16``.
     """
     _require_layer(model)
     handles = []
