@@ -1,34 +1,23 @@
 """The scaler's numbers where users already look: VisualDL or TensorBoard, the progress bar
-of ``paddle.Model``, the logs of PaddleFormers' and PaddleNLP's ``Trainer``.
+of ``paddle.Model``, the logs of PaddleFormers' and PaddleNLP's ``Trainer``. Each logged
+step reads the device once (``stats()``), and no other step reads at all. None of those
+libraries is a dependency: each is reached by its own conventions.
 
-Each logged step reads the device once (``stats()``), and no other step reads at all.
-Neither VisualDL, tensorboardX, PaddleFormers nor PaddleNLP is a dependency: each is
-reached by its own conventions.
+- ``log_stats(writer, scaler, step)``: ``writer.add_scalar(tag, value, step)``, the call
+  VisualDL's ``LogWriter`` and tensorboardX's ``SummaryWriter`` share.
+- ``ScalerCallback``: ``paddle.Model.fit`` hands every callback the same ``logs`` dict,
+  and its ``ProgBarLogger`` and ``paddle.callbacks.VisualDL`` show the keys listed in the
+  shared ``params["metrics"]``. The callback lists its keys when training begins and
+  writes their values at the *beginning* of each logged step (taking them out at the
+  others), so every callback's step end sees them, whatever the order of the list: the
+  scale the step ran with, and the iterations skipped before it.
+- ``ScalerTrainerCallback``: the ``TrainerCallback`` protocol. A Trainer registers its
+  ``report_to`` integrations before the user's callbacks, so ``attach(trainer)`` puts one
+  at the head of the list, where every other ``on_log`` sees what it added.
 
-- ``log_stats(writer, scaler, step)`` calls ``writer.add_scalar(tag, value, step)``, the
-  call VisualDL's ``LogWriter`` and tensorboardX's ``SummaryWriter`` share.
-- ``ScalerCallback`` is a ``paddle.callbacks.Callback``. ``paddle.Model.fit`` puts its
-  ``ProgBarLogger`` ahead of the user's callbacks and hands every callback the same
-  ``logs`` dict at a step's beginning and end, and ``ProgBarLogger`` and
-  ``paddle.callbacks.VisualDL`` show the keys listed in the shared ``params["metrics"]``.
-  So the callback adds its two keys to that list when training begins, and writes their
-  values into ``logs`` at the *beginning* of each step that is logged (and takes them
-  out at the others): every callback's step end sees them, whatever the order of the
-  list. They are therefore the scale the logged step ran with, and the iterations
-  skipped before it. Which steps are logged is the ``ProgBarLogger``'s ``log_freq``,
-  found in the list that calls the callback (or given as ``log_freq=``), and the last
-  step of each epoch, which the progress bar prints when the epoch ends. The steps and
-  the metrics come from ``params``, which Paddle's ``CallbackList`` sets.
-- ``ScalerTrainerCallback`` speaks the ``TrainerCallback`` protocol (an ``on_<event>``
-  method per event; the ``Trainer`` calls them in list order with the same ``logs``
-  dict). A Trainer registers its ``report_to`` integrations (VisualDL, TensorBoard,
-  wandb) before any callback of the user's, so ``attach(trainer)`` puts one at the head
-  of the Trainer's list, where every other ``on_log`` sees what it added, and keeps the
-  Trainer whose ``scaler`` it reads.
-
-Two facts have no hook: neither ``paddle.Model.fit`` nor the Trainer hands a callback the
-progress bar's ``log_freq`` or the Trainer itself. ``_calling_object`` finds them among
-the callers, the one place this module looks at the stack.
+Neither ``paddle.Model.fit`` nor the Trainer hands a callback the progress bar's
+``log_freq`` or the Trainer itself: ``_calling_object`` finds them among the callers, the
+one place this module looks at the stack.
 """
 
 from __future__ import annotations

@@ -254,3 +254,17 @@ def test_a_bad_measurement_in_a_state_dict_is_refused_and_changes_nothing(measur
     after = target.state_dict()
     np.testing.assert_array_equal(after.pop("scale"), before.pop("scale"))
     assert after == before
+
+
+def test_optimizers_of_other_parameters_in_turn_each_get_their_report():
+    # Two models with as many parameters, stepped in turn: the report follows the last.
+    first, second = make_model(seed=1), make_model(seed=2)
+    scaler = GradScaler(init_loss_scaling=2.0**10, measure_every=1)
+    for model in (first, second, first, second):
+        optimizer = paddle.optimizer.SGD(learning_rate=1e-3, parameters=model.parameters())
+        scaler.scale(loss_of(model, batches(steps=1)[0]) * 1e-6).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.clear_grad()
+    names = {p.name for p in second.parameters()}
+    assert {entry.name for entry in scaler.underflow_report()} == names

@@ -15,7 +15,8 @@ import numpy as np
 from ..checkpoint import Checkpoint, CheckpointError, inspect_checkpoint
 from ..checkpoint.file_format import not_loaded_in, unbuilt
 from ..core.interval import IntervalRule
-from ..core.state_dict import parse_state_dict, rule_named
+from ..core.overflow_report import Measurements
+from ..core.state_dict import parse_state_dict
 from .report import line
 
 
@@ -82,6 +83,8 @@ def _scaler_lines(scaler: Mapping[str, Any]) -> list[str]:
         lines.append(line("  memory", _named(scaler["memory"])))
     if scaler["headroom_bits"] is not None:
         lines.append(line("  headroom", f"{scaler['headroom_bits']:.2f} bits below float16's top"))
+        share = scaler["subnormal_fraction"]
+        lines.append(line("  subnormal", f"{share:.3g} of the nonzero gradient elements"))
     if scaler["stats"] is not None:
         lines.append(line("  stats", _named(scaler["stats"])))
     return lines
@@ -176,20 +179,18 @@ def _scaler(state: Mapping[str, Any]) -> dict[str, Any]:
         saved = parse_state_dict(state)
     except (TypeError, ValueError) as error:
         return {"enabled": True, "error": str(error)}
-    # A dict without a policy is the interval rule's, which every scaler follows by
-    # default.
-    rule = saved.rule_over(rule_named(saved.policy or IntervalRule.name)())
+    measured = list((saved.measured or {}).values()) or [0.0, 0.0, 0.0]
     summary = {
         "enabled": True,
         **dataclasses.asdict(saved),
-        "policy": rule.name,
-        "headroom_bits": rule.headroom_bits(saved.memory_at(rule, saved.scale)),
+        # A dict without a policy is the interval rule's, which scalers follow by default.
+        "policy": saved.policy or IntervalRule.name,
     }
+    summary["headroom_bits"], summary["subnormal_fraction"] = Measurements.readings(measured)
     if saved.stats is not None:
-        # The counts the state dict saves: it keeps no headroom_bits, and the scale is
-        # the one beside them.
-        for measured in ("scale", "headroom_bits", "subnormal_fraction"):
-            del summary["stats"][measured]
+        # The counts the state dict saves; the measured numbers and the scale are beside.
+        for key in ("scale", "headroom_bits", "subnormal_fraction"):
+            del summary["stats"][key]
     return summary
 
 

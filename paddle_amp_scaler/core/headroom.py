@@ -6,7 +6,6 @@ largest magnitude, and what that costs: ``docs/concepts.md``, "The headroom poli
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any, ClassVar, cast
 
 import numpy as np
@@ -102,12 +101,6 @@ class HeadroomRule(Rule):
 
     def measures(self, iteration: int) -> bool:
         return iteration <= self.calibration_iterations or super().measures(iteration)
-
-    def headroom_bits(self, memory: Memory) -> float | None:
-        """log2(FLOAT16_MAX / amax) of the last finite measured iteration; None before it.
-        Negative: those gradients were not float16, and the rule held the scale."""
-        amax = float(cast(HeadroomMemory, memory).amax)
-        return math.log2(FLOAT16_MAX / amax) if amax > 0 else None
 
     def adjust_(
         self, memory: Memory, found: Tensor, amax: Tensor | None = None, iteration: int = 0

@@ -112,10 +112,6 @@ class Rule:
         every = self.measure_every
         return every is not None and (iteration <= 3 or iteration % every == 0)
 
-    def headroom_bits(self, memory: Memory) -> float | None:
-        """What ``ScalerStats.headroom_bits`` shows: None for a rule that does not measure."""
-        return None
-
     def count(self, incr_count: int, decr_count: int, found: bool) -> tuple[int, int, bool]:
         """The streak counters after an iteration, and whether the rule acts (grows or
         backs off): from the verdicts alone, so a scaler can keep them on the host."""

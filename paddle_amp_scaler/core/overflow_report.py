@@ -157,6 +157,10 @@ def _name_of(dtype: Any) -> str:
     return str(dtype).replace("paddle.", "")
 
 
+def _keys(owners: list[tuple[Any, ...]]) -> list[int]:
+    return [owner if isinstance(owner, int) else id(owner) for owner, _, _ in owners]
+
+
 def _headroom_bits(amax: float) -> float | None:
     return math.log2(validation.FLOAT16_MAX / amax) if amax > 0 else None
 
@@ -189,16 +193,19 @@ class Measurements(TensorsOnHost):
         ]
         self._pending.append((owners, table))
 
-    def end_iteration(self, found: bool | Tensor) -> None:
-        """Keep this iteration's measurement where it was finite, decided on the device."""
+    def end_iteration(self, found: bool | Tensor, amax: Tensor | None) -> None:
+        """Keep this iteration's measurement where it was finite, decided on the device;
+        its amax the one the ranks agreed (``amax``), where they did."""
         pending, self._pending = self._pending, []
         if not pending or found is True:
             return
         table = paddle.concat([table for _, table in pending])
         owners = [owner for unscale_owners, _ in pending for owner in unscale_owners]
-        columns = [kernels.C_ops.max(table[:, 0], [], False), table[:, 1].sum(), table[:, 2].sum()]
+        largest = kernels.C_ops.max(table[:, 0], [], False) if amax is None else amax.reshape([])
+        columns = [largest.astype(paddle.float64), table[:, 1].sum(), table[:, 2].sum()]
         totals = paddle.stack(columns)
-        same = self._table is not None and [o[0] for o in owners] == [o[0] for o in self._owners]
+        # By identity: a parameter compared with == is compared element by element.
+        same = self._table is not None and _keys(owners) == _keys(self._owners)
         if isinstance(found, Tensor):
             found = kernels.local(found)
             totals = paddle.where(found, self.totals, totals)

@@ -309,10 +309,11 @@ class AmpScaler(TensorsOnHost):
         acted: bool | Tensor = False
         if new_scale is None and self._use_dynamic_loss_scaling:
             acted = self._loss_scale.advance(verdict, self._run.iterations + 1)
-        self._run.record(verdict.found, acted)
-        self._measured.end_iteration(verdict.found)
+        found_inf = verdict.found
+        self._run.record(found_inf, acted)
+        self._measured.end_iteration(found_inf, verdict.amax)
         if self._overflows is not None:
-            self._overflows.end_iteration(self._run.iterations, verdict.found)
+            self._overflows.end_iteration(self._run.iterations, found_inf)
         # Last, so that a LossScaleStuckError leaves a consistent, resumable scaler.
         self._stuck_policy.after_iteration(self._run, self.stats)
         return True
@@ -505,11 +506,7 @@ class AmpScaler(TensorsOnHost):
         self._run.count_pending()
         memory, numbers = self._loss_scale.read(self._run.counts, self._measured.totals)
         counts, totals = numbers[:-3], numbers[-3:]
-        headroom_bits, subnormal_fraction = self._measured.readings(totals)
-        if self._use_dynamic_loss_scaling:
-            # The rule's own record where it keeps one: a dict of 0.2 has no totals.
-            headroom_bits = self._rule.headroom_bits(memory) or headroom_bits
-        stats = self._run.stats(counts, float(memory.scale), headroom_bits, subnormal_fraction)
+        stats = self._run.stats(counts, float(memory.scale), *self._measured.readings(totals))
         return memory, stats, totals
 
     def state_dict(self) -> dict[str, Any]:
@@ -589,6 +586,7 @@ class AmpScaler(TensorsOnHost):
         if not self._enable:
             return f"{type(self).__name__}(enable=False)"
         rule = self._rule
+        period = rule.measure_every  # shown where it is not the policy's own
         options = {
             "use_dynamic_loss_scaling": self._use_dynamic_loss_scaling,
             "policy": rule.name,
@@ -597,10 +595,7 @@ class AmpScaler(TensorsOnHost):
             "stuck_after": self._stuck_policy.stuck_after,
             "on_stuck": self._stuck_policy.on_stuck,
             "report_overflows": self._overflows is not None,
-            # Shown where it is not the policy's own.
-            "measure_every": None
-            if rule.measure_every == type(rule).measure_every
-            else rule.measure_every,
+            "measure_every": None if period == type(rule).measure_every else period,
             "group": self._sync.group,
             "sync_found_inf": self._sync.enabled,
         }
