@@ -84,6 +84,7 @@ class HeadroomRule(Rule):
     name: ClassVar[str] = "headroom"
     memory_type: ClassVar[type[Memory]] = HeadroomMemory
     state_key: ClassVar[str | None] = "headroom"
+    fits_amax: ClassVar[bool] = True
 
     measure_every: int | None = 64
     margin: int = 1

@@ -71,6 +71,8 @@ class Rule:
     memory_type: ClassVar[type[Memory]] = Memory
     # The state-dict key of the memory beyond the scale and its counters (None: none).
     state_key: ClassVar[str | None] = None
+    # Whether ``adjust_`` takes the measured amax; else what is measured is the user's.
+    fits_amax: ClassVar[bool] = False
 
     incr_ratio: float = 2.0
     decr_ratio: float = 0.5

@@ -49,16 +49,17 @@ class LossScale(TensorsOnHost):
         amax, where measured); return whether the rule acted: a host bool where the verdict
         and the counters are on the host, else a bool [1] tensor."""
         found = verdict.on_host
+        amax = verdict.amax if self.rule.fits_amax else None
         if found is not None and self._counters is not None:
             incr_count, decr_count, acts = self.rule.count(*self._counters, found)
-            touches_device = acts or verdict.amax is not None
+            touches_device = acts or amax is not None
             if touches_device:
                 # The device form moves the device's counters as ``count`` moved these.
-                acted = self._adjust_(self._flag(found), verdict.amax, iteration)
+                acted = self._adjust_(self._flag(found), amax, iteration)
             self._counters, self._counters_on_device = (incr_count, decr_count), touches_device
-            return acted if verdict.amax is not None else acts
+            return acted if amax is not None else acts
         flag = cast(Tensor, verdict.flag) if found is None else self._flag(found)
-        acted = self._adjust_(flag, verdict.amax, iteration)
+        acted = self._adjust_(flag, amax, iteration)
         # The device alone knows the counters now; the host learns them at its next read.
         self._counters = None
         return acted

@@ -179,12 +179,8 @@ class Measurements(TensorsOnHost):
         self._owners: list[tuple[Any, ...]] = []
         self._table: Tensor | None = None
 
-    def add(
-        self, params: list[Any] | None, grads: list[Tensor | None], table: Tensor | None
-    ) -> None:
-        """Keep one unscale's table (None: not measured) until the iteration's end."""
-        if table is None:
-            return
+    def add(self, params: list[Any] | None, grads: list[Tensor | None], table: Tensor) -> None:
+        """Keep one unscale's table until the iteration's end."""
         shards = [kernels.held(grad) for grad in grads]
         owners = [
             (index if params is None else params[index], tuple(shard.shape), _name_of(shard.dtype))

@@ -359,8 +359,7 @@ class AmpScaler(TensorsOnHost):
             grads = optimizers.grads_of(params)
             if self._overflows is not None:
                 self._overflows.count_(params, grads)
-            table = kernels.measure(grads) if self._measures_now() else None
-            self._measured.add(params, grads, table)
+            table = self._measure(params, grads)
             if table is not None:
                 amax = self._sync.largest(kernels.amax_in(table), distributed.mesh_of(grads))
         self._unscale(optimizer)
@@ -379,6 +378,18 @@ class AmpScaler(TensorsOnHost):
         """Whether this iteration's unscales measure the gradients, as the rule asks."""
         return self._rule.measures(self._run.iterations + 1)
 
+    def _measure(
+        self, params: list[Any] | None, grads: list[Tensor | None], times: Tensor | None = None
+    ) -> Tensor | None:
+        """Where this iteration is measured, ``kernels.measure``'s table of ``grads``, kept
+        for the iteration's end; measure before an unscale writes them."""
+        if not self._measures_now():
+            return None
+        table = kernels.measure(grads, times=times)
+        if table is not None:
+            self._measured.add(params, grads, table)
+        return table
+
     def _check_gradients(
         self,
         record: OptimizerRecord,
@@ -392,11 +403,10 @@ class AmpScaler(TensorsOnHost):
         ones would have been, and unscaled by exactly 1, which only checks them."""
         scale = self._loss_scale.scale
         times, divisor = (scale, paddle.ones_like(scale)) if true else (None, scale)
-        table = kernels.measure(grads, times=times) if self._measures_now() else None
+        table = self._measure(params, grads, times)
         flag = kernels.unscale_and_check_(grads, divisor, self._temp_found_inf_value_false)
         # Agreed before any rank decides: all then skip, update and count alike.
         flag, amax = self._sync.agree(flag, kernels.amax_in(table), distributed.mesh_of(grads))
-        self._measured.add(params, grads, table)
         self._found_inf = flag
         record.unscaled(Verdict(flag, amax=amax), params, grads)
 
