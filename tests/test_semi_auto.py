@@ -271,7 +271,9 @@ def test_a_gradient_on_a_mesh_without_this_rank_is_left_out():
     assert not elsewhere._local_value()._is_initialized()
     scale, finite = paddle.to_tensor([4.0]), paddle.to_tensor([False])
     assert kernels.measure([elsewhere, None]) is None
-    assert not bool(kernels.unscale_and_check_([elsewhere, None], scale, finite))
+    checked = kernels.grads_by_dtype_of([elsewhere, None])
+    assert not bool(kernels.unscale_and_check_(checked, scale, finite))
     table = kernels.measure([held, elsewhere])
     assert table.shape == [1, 3] and float(kernels.amax_in(table).numpy()[0]) == float("inf")
-    assert bool(kernels.unscale_and_check_([held, elsewhere], scale, finite))
+    checked = kernels.grads_by_dtype_of([held, elsewhere])
+    assert bool(kernels.unscale_and_check_(checked, scale, finite))

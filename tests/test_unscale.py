@@ -25,8 +25,9 @@ def paddle_kernel(arrays, scale, dtype):
 def through_the_scaler(arrays, scale):
     # A missing gradient (None) among them, as a parameter without one gives.
     grads = [paddle.to_tensor(a) for a in arrays]
+    groups = kernels.grads_by_dtype_of([None, *grads])
     found = kernels.unscale_and_check_(
-        [None, *grads], paddle.to_tensor([scale], dtype="float32"), paddle.to_tensor([False])
+        groups, paddle.to_tensor([scale], dtype="float32"), paddle.to_tensor([False])
     )
     return [g.numpy() for g in grads], bool(found.numpy()[0])
 
@@ -77,3 +78,51 @@ def test_edge_cases_match_paddles_kernel(case, scale):
 )
 def test_random_gradients_match_paddles_kernel(arrays, scale):
     assert_same_as_paddle(arrays, scale, "float32")
+
+
+def parameters_with_grads(shapes_and_dtypes):
+    params = [paddle.create_parameter(shape, dtype) for shape, dtype in shapes_and_dtypes]
+    for index, param in enumerate(params):
+        (param * (index + 1.0)).sum().backward()
+    return params
+
+
+def groups_as_arrays(groups):
+    return {str(dtype): [grad.numpy() for grad in group] for dtype, group in groups.items()}
+
+
+PLAIN = [([3, 2], "float32"), ([4], "float32"), ([5], "float32")]
+if kernels.TAKES_EMPTY:  # Paddle 2.6 makes no parameter without elements
+    PLAIN.insert(2, ([0, 2], "float32"))
+
+
+@pytest.mark.parametrize(
+    "change",
+    ["none", "frozen with a gradient", "no gradient", "float64", "master gradient"],
+)
+def test_grads_by_dtype_groups_the_gradients_of_each_parameter(change):
+    # One C++ call groups them where it can; each case it cannot must fall back to the
+    # loop over grads_of, whose groups are the reference.
+    from paddle_amp_scaler.core import optimizers
+
+    specs = [*PLAIN, ([2], "float64")] if change == "float64" else PLAIN
+    params = parameters_with_grads(specs)
+    if change == "frozen with a gradient":
+        params[1].stop_gradient = True
+    elif change == "no gradient":
+        params.append(paddle.create_parameter([2], "float32"))
+    elif change == "master gradient":
+        params[0].main_grad = paddle.full([3, 2], 7.0)
+    expected = kernels.grads_by_dtype_of(optimizers.grads_of(params))
+    got = optimizers.grads_by_dtype(params)
+    assert list(got) == list(expected)
+    for dtype in expected:
+        assert [g.numpy().tolist() for g in got[dtype]] == [
+            g.numpy().tolist() for g in expected[dtype]
+        ]
+    # The groups are the gradients themselves: the unscale writes what the optimizer reads.
+    before = [None if g is None else g.numpy() for g in optimizers.grads_of(params)]
+    kernels.unscale_and_check_(got, paddle.to_tensor([2.0]), paddle.to_tensor([False]))
+    after = [None if g is None else g.numpy() for g in optimizers.grads_of(params)]
+    for old, new in zip(before, after):
+        assert (old is None and new is None) or np.array_equal(new, old / 2)

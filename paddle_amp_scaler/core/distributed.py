@@ -81,13 +81,14 @@ class FoundInfSync:
         return bool(dist.is_initialized() and dist.get_world_size(self.group) > 1)
 
 
-def mesh_of(grads: Sequence[Tensor | None]) -> Any:
-    """The process mesh over every rank that holds a shard of ``grads``' dist tensors, or
-    None where none is one (Paddle 2.6, or no semi-automatic parallelism)."""
+def mesh_of(tensors: Sequence[Tensor | None]) -> Any:
+    """The process mesh over every rank that holds a shard of the dist tensors among
+    ``tensors`` (gradients, or parameters, whose gradients share their meshes), or None
+    where none is one (Paddle 2.6, or no semi-automatic parallelism)."""
     ranks: set[int] = set()
-    for grad in grads:
-        if grad is not None and grad.is_dist():
-            ranks.update(grad.process_mesh.process_ids)
+    for tensor in tensors:
+        if tensor is not None and tensor.is_dist():
+            ranks.update(tensor.process_mesh.process_ids)
     return dist.ProcessMesh(sorted(ranks)) if ranks else None
 
 

@@ -8,7 +8,8 @@ Facts kept here:
   (the CPU build registers float32 and float64 only). It writes its inputs: each value
   times ``1/scale``, and once it meets a non-finite tensor it turns -inf into NaN and
   zeroes the tensors after it, even at a scale of 1: an all-finite test that must leave
-  its inputs alone cannot use it. Paddle 2.6's refuses a tensor with no elements.
+  its inputs alone cannot use it. Paddle 2.6's refuses a tensor with no elements
+  (``TAKES_EMPTY``); Paddle 3's takes one, as ``update_loss_scaling_`` does.
 * ``update_loss_scaling_`` refuses an empty ``xs`` and zeroes every tensor of ``xs`` when
   ``found_inf`` is set; with ``stop_update=True`` it does only that. Its rule is
   ``interval.Rule.adjust_``'s.
@@ -26,7 +27,7 @@ Facts kept here:
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import paddle
@@ -40,14 +41,19 @@ if TYPE_CHECKING:  # typing.TypeGuard needs Python 3.10
 C_ops: Any = paddle._C_ops
 
 
-def unscale_and_check_(grads: Sequence[Tensor | None], scale: Tensor, all_finite: Tensor) -> Tensor:
-    """Multiply ``grads`` (any dtypes, None for a missing one; of a sharded one, this rank's
-    shard) in place by 1/scale and check them for inf/nan, one launch per dtype group.
-    Returns the found-inf flag, a bool [1] tensor (``all_finite`` if nothing is checked)."""
+# Whether the unscale kernel takes a tensor with no elements (the facts above).
+TAKES_EMPTY = not paddle.__version__.startswith("2.")
+Groups = Mapping[Any, Sequence[Tensor]]
+
+
+def unscale_and_check_(groups: Groups, scale: Tensor, all_finite: Tensor) -> Tensor:
+    """Multiply the gradients of ``groups`` (``grads_by_dtype_of``) in place by 1/scale
+    and check them for inf/nan, one launch per dtype. Returns the found-inf flag, a bool
+    [1] tensor (``all_finite`` if nothing is checked)."""
     scale = local(scale)
     flags = [
         C_ops.check_finite_and_unscale_(group, _scale_for(dtype, scale))[1]
-        for dtype, group in grads_by_dtype_of(grads).items()
+        for dtype, group in groups.items()
     ]
     return any_of(flags) if flags else all_finite
 
@@ -95,14 +101,12 @@ def amax_in(table: Tensor | None) -> Tensor | None:
     return C_ops.max(table[:, 0], [], True).astype(paddle.float32).reshape([1])
 
 
-def zero_if_found_(
-    grads: Sequence[Tensor | None], found_inf: Tensor, stand_in: Callable[[Any], Tensor]
-) -> None:
-    """Zero every gradient (None for a missing one) where ``found_inf`` holds, decided on
-    the device, one launch per dtype group. ``stand_in(dtype)``: a [1] tensor of that
-    dtype for the kernel's arguments that do not matter here."""
+def zero_if_found_(groups: Groups, found_inf: Tensor, stand_in: Callable[[Any], Tensor]) -> None:
+    """Zero every gradient of ``groups`` where ``found_inf`` holds, decided on the device,
+    one launch per dtype. ``stand_in(dtype)``: a [1] tensor of that dtype for the kernel's
+    arguments that do not matter here."""
     found_inf = local(found_inf)
-    for dtype, group in grads_by_dtype_of(grads).items():
+    for dtype, group in groups.items():
         # With stop_update=True the kernel only zeroes; it wants a scale of the group's
         # compute dtype and counters all the same.
         scale = stand_in(paddle.float64 if dtype == paddle.float64 else paddle.float32)
@@ -111,9 +115,9 @@ def zero_if_found_(
 
 
 def grads_by_dtype_of(grads: Iterable[Tensor | None]) -> dict[Any, list[Tensor]]:
-    """Gradients grouped by (Paddle) dtype in parameter order, leaving out ``None`` and
-    empty ones: Paddle's kernels take one dtype per call. Of a dist gradient, the shard
-    this rank holds."""
+    """Gradients grouped by (Paddle) dtype in parameter order, leaving out ``None`` (and
+    empty ones where the kernel refuses them): Paddle's kernels take one dtype per call.
+    Of a dist gradient, the shard this rank holds."""
     groups: dict[Any, list[Tensor]] = {}
     # Hashing a Paddle dtype costs half a microsecond; neighbours mostly share one,
     # and Paddle 3 returns the same dtype object for each.
@@ -121,8 +125,9 @@ def grads_by_dtype_of(grads: Iterable[Tensor | None]) -> dict[Any, list[Tensor]]
     for grad in grads:
         if grad is not None and grad.is_dist():
             grad = held(grad)
-        # is_checked, inline: this loop runs once per gradient and step.
-        if grad is not None and 0 not in grad.shape:
+        # Once per gradient and step, on the cold cache a backward leaves: a shape is the
+        # dearest read of a gradient.
+        if grad is not None and (TAKES_EMPTY or 0 not in grad.shape):
             dtype = grad.dtype
             if dtype is not last_dtype:
                 last_dtype, last_group = dtype, groups.setdefault(dtype, [])

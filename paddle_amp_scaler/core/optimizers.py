@@ -6,10 +6,9 @@ and accumulator left bit for bit as it was, without waiting for the device.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import paddle
 from paddle import Tensor
@@ -87,6 +86,21 @@ def grads_of(params: Sequence[Tensor]) -> list[Tensor | None]:
     return grads
 
 
+def grads_by_dtype(params: Sequence[Tensor]) -> dict[Any, list[Tensor]]:
+    """``grads_of(params)`` grouped as the kernels take them (``kernels.grads_by_dtype_of``).
+    Where every parameter has a float16, bfloat16 or float32 gradient of its own, dense,
+    one C++ call groups them, as Paddle's scaler fetches them: on the cold cache a backward
+    leaves, reading each gradient's dtype in Python costs more than the call."""
+    if kernels.TAKES_EMPTY:
+        groups = [group for group in _eager.get_grads_lists(params) if group]
+        # Each parameter gives at most one: as many as parameters, each gave its own.
+        if sum(map(len, groups)) == len(params) and not any(
+            param.is_dist() or getattr(param, "main_grad", None) is not None for param in params
+        ):
+            return {group[0].dtype: group for group in groups}
+    return kernels.grads_by_dtype_of(grads_of(params))
+
+
 def refuse_without_parameters(optimizer: Any) -> None:
     """``parameters_of``'s ValueError for an empty parameter list, where an object that
     lists no parameters at all may pass (a disabled scaler calls it as it is)."""
@@ -117,13 +131,13 @@ def first_wrapped(optimizer: Any, wanted: Callable[[Any], bool]) -> Any | None:
     return None
 
 
-@dataclasses.dataclass(frozen=True)
-class Verdict:
+class Verdict(NamedTuple):
     """Whether inf/nan was found, from an unscale to the update: a bool [1] ``flag`` on the
     device, and/or ``on_host``, the same as a host bool where it reached the host at no
     cost (an optimizer that read its flag leaves it behind as one). ``amax``: where the
     unscale measured it, the largest magnitude among the gradients as they came, float32
-    [1] on the device (meaningful only where nothing was found)."""
+    [1] on the device (meaningful only where nothing was found). A tuple: one is made in
+    every step, and a frozen dataclass takes several times as long to make."""
 
     flag: Tensor | None
     on_host: bool | None = None
@@ -138,6 +152,8 @@ class Verdict:
     def joined(verdicts: Sequence[Verdict]) -> Verdict:
         """Whether any of ``verdicts`` found inf/nan, known on the host where each of them
         is (no device operation), and the largest of their amaxes where each measured."""
+        if len(verdicts) == 1:
+            return verdicts[0]
         amax = kernels.largest_of([verdict.amax for verdict in verdicts])
         if all(verdict.on_host is not None for verdict in verdicts):
             return Verdict(None, any(verdict.on_host for verdict in verdicts), amax)
@@ -155,7 +171,7 @@ class OptimizerRecord:
         self.verdict: Verdict | None = None
         # What was unscaled and checked; None where a replaced _unscale did that.
         self.params: list[Any] | None = None
-        self.grads: list[Tensor | None] | None = None
+        self.groups: kernels.Groups | None = None
         # Whether any gradient was there to check (a step with none, no backward() since
         # they were cleared, tells the rule nothing); worked out once: a step asks twice.
         self.checked = True
@@ -168,12 +184,10 @@ class OptimizerRecord:
             raise KeyError(key)
         self.stage = value
 
-    def unscaled(
-        self, verdict: Verdict, params: list[Any] | None, grads: list[Tensor | None]
-    ) -> None:
-        """Record what an unscale found in ``grads``, the gradients of ``params``."""
-        self.verdict, self.params, self.grads = verdict, params, grads
-        self.checked = any(grad is not None for grad in grads)
+    def unscaled(self, verdict: Verdict, params: list[Any] | None, groups: kernels.Groups) -> None:
+        """Record what an unscale found in ``groups``, the gradients of ``params``."""
+        self.verdict, self.params, self.groups = verdict, params, groups
+        self.checked = bool(groups)
         self.stage = OptimizerState.UNSCALED
 
     def refuse_unscale(self) -> None:
@@ -223,8 +237,10 @@ def step_or_skip(
     if zero_grads_make_no_update(optimizer, record.params):
         # Zeroed on the device where inf/nan was found, the gradients make the step
         # p - lr * 0 == p, with no read at all.
-        grads = record.grads if record.grads is not None else grads_of(parameters_of(optimizer))
-        kernels.zero_if_found_(grads, flag, lambda dtype: rule.stand_in(flag.place, dtype))
+        groups = record.groups
+        if groups is None:
+            groups = grads_by_dtype(parameters_of(optimizer))
+        kernels.zero_if_found_(groups, flag, lambda dtype: rule.stand_in(flag.place, dtype))
         # A flag left over from another scaler would make Paddle read it.
         optimizer._set_auxiliary_var("found_inf", None)
         return run_step(), None

@@ -232,9 +232,11 @@ class AmpScaler(TensorsOnHost):
         record = self._optimizer_states[id(optimizer)]
         record.refuse_unscale()
         params = optimizers.parameters_of(optimizer)
-        grads = optimizers.grads_of(params)
-        if self._overflows is not None:
-            self._overflows.count_(params, grads)
+        grads = None  # each parameter's: fetched only to count or measure them
+        if self._overflows is not None or self._measures_now():
+            grads = optimizers.grads_of(params)
+            if self._overflows is not None:
+                self._overflows.count_(params, grads)
         self._check_gradients(record, params, grads)
 
     # -- the extension interface (EXTENSION_INTERFACE) -----------------------------------
@@ -273,7 +275,7 @@ class AmpScaler(TensorsOnHost):
             optimizer, run_step, record, self._rule, self._noted_types
         )
         if on_host is not None:
-            verdict = record.verdict = dataclasses.replace(verdict, on_host=on_host)
+            verdict = record.verdict = verdict._replace(on_host=on_host)
         record.stage = OptimizerState.STEPPED
         self._found_inf = verdict.flag
         self._cache_found_inf = verdict.found
@@ -394,21 +396,28 @@ class AmpScaler(TensorsOnHost):
         self,
         record: OptimizerRecord,
         params: list[Any] | None,
-        grads: list[Tensor | None],
+        grads: list[Tensor | None] | None,
         *,
         true: bool = False,
     ) -> None:
-        """Unscale ``grads`` in place and check them for inf/nan, measured first where the
-        rule asks (the unscale writes them). ``true`` gradients are measured as the scaled
-        ones would have been, and unscaled by exactly 1, which only checks them."""
+        """Unscale ``grads`` (None: those of ``params``, fetched at once) in place and check
+        them for inf/nan, measured first where the rule asks (the unscale writes them).
+        ``true`` gradients are measured as the scaled ones would have been, and unscaled by
+        exactly 1, which only checks them."""
         scale = self._loss_scale.scale
         times, divisor = (scale, paddle.ones_like(scale)) if true else (None, scale)
-        table = self._measure(params, grads, times)
-        flag = kernels.unscale_and_check_(grads, divisor, self._temp_found_inf_value_false)
+        if grads is None:  # neither counted nor measured: grouped at the least cost
+            owners = cast(list[Any], params)  # a parameter's mesh is its gradient's
+            table, mesh = None, distributed.mesh_of(owners)
+            groups = optimizers.grads_by_dtype(owners)
+        else:
+            table = self._measure(params, grads, times)
+            groups, mesh = kernels.grads_by_dtype_of(grads), distributed.mesh_of(grads)
+        flag = kernels.unscale_and_check_(groups, divisor, self._temp_found_inf_value_false)
         # Agreed before any rank decides: all then skip, update and count alike.
-        flag, amax = self._sync.agree(flag, kernels.amax_in(table), distributed.mesh_of(grads))
+        flag, amax = self._sync.agree(flag, kernels.amax_in(table), mesh)
         self._found_inf = flag
-        record.unscaled(Verdict(flag, amax=amax), params, grads)
+        record.unscaled(Verdict(flag, amax=amax), params, groups)
 
     # -- Paddle's getters and setters ------------------------------------------------
     # Each read is a device sync, outside a step: the scaler itself never reads.
