@@ -176,17 +176,6 @@ def any_of(flags: Sequence[Tensor]) -> Tensor:
     return functools.reduce(C_ops.bitwise_or, [local(flag) for flag in flags])
 
 
-def all_finite(tensors: Iterable[Tensor]) -> Tensor:
-    """A bool [1] tensor: no inf/nan in ``tensors`` (integer and bool ones always pass),
-    decided on the device, leaving them as they are (the unscale kernel would not)."""
-    finite = paddle.ones([1], dtype=paddle.bool)
-    checked = [tensor for tensor in tensors if tensor.is_floating_point() and tensor.size]
-    if checked:
-        each = paddle.stack([paddle.isfinite(tensor).all() for tensor in checked])
-        finite = each.all().reshape([1])
-    return finite
-
-
 def clip_(tensor: Tensor, lower: float, upper: float) -> None:
     """Clamp ``tensor`` into ``[lower, upper]`` in place."""
     C_ops.clip_(local(tensor), lower, upper)
