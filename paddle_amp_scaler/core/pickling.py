@@ -1,7 +1,6 @@
-"""Pickling on every Paddle: a scaler's device tensors travel as NumPy arrays with the
-name of their device, so that a pickled or deep-copied scaler continues its run exactly
-(Paddle 2.6's tensors do not pickle, and Paddle 3's keep whatever place they had).
-"""
+"""Pickling on every Paddle: a scaler's device tensors travel as NumPy arrays with their device's
+name, so that a pickled or deep-copied scaler continues its run exactly (Paddle 2.6's tensors do
+not pickle, and Paddle 3's keep whatever place they had)."""
 
 from __future__ import annotations
 
@@ -21,9 +20,8 @@ class _OnHost:
 
 
 class TensorsOnHost:
-    """Pickles (and deep-copies) the tensors in an object's attributes, also inside
-    lists, tuples and dicts, as host arrays: reading them is a device sync, which
-    pickling may cost."""
+    """Pickles (and deep-copies) the tensors in an object's attributes, also in lists, tuples, dicts
+    and dataclasses, as host arrays: reading them is a device sync, which pickling may cost."""
 
     def __getstate__(self) -> dict[str, Any]:
         state: dict[str, Any] = _each(
@@ -38,8 +36,7 @@ class TensorsOnHost:
 
 
 def _each(value: Any, kind: type, convert: Callable[[Any], Any]) -> Any:
-    """``value`` with every ``kind`` in it, also inside dicts, lists, tuples and dataclass
-    instances, converted."""
+    """``value`` with every ``kind`` in it converted, also in dicts, lists, tuples, dataclasses."""
     if isinstance(value, kind):
         return convert(value)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):

@@ -1,10 +1,8 @@
 """AmpScaler and GradScaler: the per-iteration state machine around Paddle's AMP kernels.
 
-One step visits each stage once, in order, each in a module of its own
-(``docs/architecture.md``, "One training step"). Other modules reach the scaler through
-the public API, ``PADDLE_CONTRACT`` and ``EXTENSION_INTERFACE`` only (a test reads their
-source to keep it so).
-"""
+A step visits each stage, a module of its own, once and in order (``docs/architecture.md``,
+"One training step"). Other modules reach the scaler through the public API,
+``PADDLE_CONTRACT`` and ``EXTENSION_INTERFACE`` only (a test reads their source to keep it so)."""
 
 from __future__ import annotations
 
@@ -28,8 +26,7 @@ from .pickling import TensorsOnHost
 from .state_dict import parse_state_dict, rule_named, saved_state
 from .statistics import OnStuck, RunStatistics, ScalerStats, StuckPolicy
 
-# Paddle's private fields that its trainers and distributed wrappers use, kept with
-# Paddle's meaning (API.md, "Drop-in").
+# Paddle's private fields, as its trainers and distributed wrappers use them (API.md, "Drop-in").
 PADDLE_CONTRACT = (
     "_scale",
     "_enable",
@@ -53,10 +50,9 @@ EXTENSION_INTERFACE = (
 class AmpScaler(TensorsOnHost):
     """Dynamic loss scaling for Paddle dygraph, with the API of Paddle's ``AmpScaler``.
 
-    Once per iteration the scale moves by its rule (``policy``), and a step whose
-    gradients hold inf/nan leaves parameters and optimizer state untouched. ``scale``,
-    ``unscale_``, ``minimize``, ``step`` and ``update`` never wait for the device; the
-    getters, ``stats`` and ``state_dict`` read it.
+    Once per iteration the scale moves by its rule (``policy``); a step whose gradients hold inf/nan
+    leaves parameters and optimizer state untouched. ``scale``, ``unscale_``, ``minimize``, ``step``
+    and ``update`` never wait for the device; the getters, ``stats`` and ``state_dict`` read it.
 
     Args:
         enable: False makes every method a pass-through (``scale`` returns the loss).
@@ -71,8 +67,7 @@ class AmpScaler(TensorsOnHost):
             below float16's ceiling; ``incr_every_n_steps`` holds off a level that overflowed).
         min_loss_scaling: the scale's floor (default 1.0; one below 1.0 is honoured too).
         max_loss_scaling: the scale's ceiling (default None: float32's largest value).
-        place: where the scale lives, a device string or a Paddle place (default: the
-            current device).
+        place: the scale's device, a device string or a Paddle place (default: the current one).
         stuck_after: after this many skipped iterations in a row, apply ``on_stuck``
             (default None: never; read every ``min(stuck_after, 100)`` iterations).
         on_stuck: ``"warn"`` (one ``RuntimeWarning`` per streak, from rank 0), ``"raise"``
@@ -80,12 +75,10 @@ class AmpScaler(TensorsOnHost):
         report_overflows: count inf and nan per gradient, for ``overflow_report`` and a
             log line per skipped iteration (one read per iteration): True, or the model,
             whose names (``encoder.0.weight``) both then use, not Paddle's (``linear_0.w_0``).
-        measure_every: measure the scaled gradients, with no read, in the first three
-            iterations and every ``measure_every``-th after, for ``stats()`` and
-            ``underflow_report``. Default None: off under ``"interval"`` (a step costs
-            what Paddle's does), every 64th under ``"headroom"``, which fits to it.
-        group: the ``paddle.distributed`` group whose ranks agree on each verdict
-            (default None: every rank).
+        measure_every: measure the scaled gradients (no read) in iterations 1 to 3 and every
+            ``measure_every``-th, for ``stats()`` and ``underflow_report``. None: every 64th under
+            ``"headroom"``, which fits to it; off under ``"interval"`` (Paddle's cost per step).
+        group: the ``paddle.distributed`` group whose ranks agree on verdicts (None: every rank).
         sync_found_inf: False skips that agreement, for ranks with identical gradients.
     """
 
@@ -117,23 +110,16 @@ class AmpScaler(TensorsOnHost):
         if measure_every is not None:
             measured["measure_every"] = validation.check_period(measure_every, "measure_every")
         # The one place a policy's name is read: from here on, the rule answers.
-        rule = rule_named(policy)(
-            **validation.check_rule_settings(
-                incr_ratio, decr_ratio, incr_every_n_steps, decr_every_n_nan_or_inf
-            ),
-            min_scale=lower,
-            max_scale=upper,
-            **measured,
+        kind = rule_named(policy)
+        settings = validation.check_rule_settings(
+            incr_ratio, decr_ratio, incr_every_n_steps, decr_every_n_nan_or_inf
         )
-        self._init_loss_scaling = validation.check_within(
-            validation.check_scale(init_loss_scaling, "init_loss_scaling"),
-            "init_loss_scaling",
-            (lower, upper),
-        )
-        self._use_dynamic_loss_scaling = validation.check_bool(
-            use_dynamic_loss_scaling, "use_dynamic_loss_scaling"
-        )
-        if not self._use_dynamic_loss_scaling and type(rule) is not IntervalRule:
+        rule = kind(**settings, min_scale=lower, max_scale=upper, **measured)
+        init = validation.check_scale(init_loss_scaling, "init_loss_scaling")
+        self._init_loss_scaling = validation.check_within(init, "init_loss_scaling", (lower, upper))
+        dynamic = validation.check_bool(use_dynamic_loss_scaling, "use_dynamic_loss_scaling")
+        self._use_dynamic_loss_scaling = dynamic
+        if not dynamic and type(rule) is not IntervalRule:
             raise ValueError(
                 f"policy={policy!r} moves a dynamic scale, and use_dynamic_loss_scaling="
                 "False fixes the scale: drop policy, or keep the scale dynamic"
@@ -141,8 +127,7 @@ class AmpScaler(TensorsOnHost):
         place = validation.check_place(place)
         try:
             self._loss_scale = LossScale(rule, self._init_loss_scaling, place)
-        # Paddle's words for a device it cannot use; a bare "gpu" without CUDA fails inside
-        # Paddle's own message with an AttributeError.
+        # Paddle's own words for an unusable device (AttributeError for "gpu" without CUDA).
         except (ValueError, AttributeError) as error:
             raise ValueError(f"place {place!r} cannot be used here: {error}") from None
         place = self._loss_scale.scale.place
@@ -155,8 +140,7 @@ class AmpScaler(TensorsOnHost):
         self._overflows = recorder_for(report_overflows)
         self._measured = Measurements(place)
         self._sync = distributed.FoundInfSync(group, sync_found_inf)
-        # The optimizer types whose host read of the flag was logged (once each).
-        self._noted_types: set[type] = set()
+        self._noted_types: set[type] = set()  # optimizer types whose flag read was logged once
 
     # What a repr leaves out: each option at the value the constructor gives it by default.
     _option_defaults = validation.keyword_defaults(__init__)
@@ -184,15 +168,13 @@ class AmpScaler(TensorsOnHost):
         """Return ``var * scale`` (float32, or float64 for a float64 ``var``), same shape."""
         if not isinstance(var, Tensor):
             raise TypeError(f"scale() takes a paddle.Tensor as var, got {type(var).__name__}")
-        # bfloat16 has float32's exponent range: gradients do not underflow, and scaling
-        # only costs time. Paddle's scaler also switches off when no auto_cast was
-        # entered at all (the global dtype then reads float32); this one does not.
+        # bfloat16 has float32's exponent range: no gradient underflows, scaling only costs time.
+        # Paddle's also switches off outside auto_cast (global dtype float32); this one does not.
         bfloat16 = amp_global_state().amp_dtype == "bfloat16"
         if bfloat16 and self._enable and self._use_dynamic_loss_scaling:
             warnings.warn(
-                "dynamic loss scaling is not needed under auto_cast(dtype='bfloat16'); the "
-                "scaler switches itself off (is_enable() and is_use_dynamic_loss_scaling() "
-                "are now False)",
+                "dynamic loss scaling is not needed under auto_cast(dtype='bfloat16'); the scaler "
+                "switches itself off (is_enable() and is_use_dynamic_loss_scaling() are now False)",
                 UserWarning,
                 stacklevel=2,
             )
@@ -202,9 +184,8 @@ class AmpScaler(TensorsOnHost):
         return kernels.scaled(var, self._loss_scale.scale)
 
     def unscale_(self, optimizer: Any) -> None:
-        """Divide the optimizer's gradients by the scale in place and check them for inf/nan,
-        to clip or inspect true values: at most once per optimizer per iteration, before
-        ``step``."""
+        """Divide the optimizer's gradients by the scale in place and check them for inf/nan, to
+        clip or inspect true values: at most once per optimizer per iteration, before ``step``."""
         optimizers.check_optimizer(optimizer, "unscale_")
         if not self._enable:
             optimizers.refuse_without_parameters(optimizer)
@@ -212,10 +193,9 @@ class AmpScaler(TensorsOnHost):
         self._unscale_and_record(optimizer, self._optimizer_states[id(optimizer)])
 
     def minimize(self, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
-        """Unscale (unless done), ``optimizer.minimize(*args, **kwargs)`` unless inf/nan
-        was found, then update the scale. Returns what ``optimizer.minimize`` returned, or
-        ``(None, None)`` where the scaler skipped the call (for an optimizer that takes
-        no found-inf flag)."""
+        """Unscale (unless done), ``optimizer.minimize(*args, **kwargs)`` unless inf/nan was found,
+        then update the scale. Returns what that returned, or ``(None, None)`` where the scaler
+        skipped the call (for an optimizer that takes no found-inf flag)."""
         optimizers.check_optimizer(optimizer, "minimize", "minimize")
         result = self._step_optimizer(
             optimizer, lambda: optimizer.minimize(*args, **kwargs), skipped=(None, None)
@@ -224,9 +204,8 @@ class AmpScaler(TensorsOnHost):
         return result
 
     def _unscale(self, optimizer: Any) -> None:
-        """Unscale and check one optimizer's gradients; the verdict goes to ``_found_inf``.
-        Paddle's name, reached through the instance: a wrapper may replace it (fleet's
-        ``distributed_scaler`` does)."""
+        """Unscale and check one optimizer's gradients, the verdict in ``_found_inf``. Paddle's
+        name, reached through the instance: wrappers replace it (fleet's ``distributed_scaler``)."""
         if not self._enable:
             return
         record = self._optimizer_states[id(optimizer)]
@@ -240,7 +219,6 @@ class AmpScaler(TensorsOnHost):
         self._check_gradients(record, params, grads)
 
     # -- the extension interface (EXTENSION_INTERFACE) -----------------------------------
-
     def _step_optimizer(
         self,
         optimizer: Any,
@@ -249,10 +227,9 @@ class AmpScaler(TensorsOnHost):
         skipped: Any = None,
         given_grads: Sequence[Tensor] | None = None,
     ) -> Any:
-        """Step or skip one optimizer, as every face's step does: unscale its gradients
-        unless done (or, with ``given_grads``, check those true gradients instead), then
-        ``run_step()`` so that it changes nothing if they hold inf/nan. Returns what
-        ``run_step`` returned, or ``skipped`` where the scaler did not call it."""
+        """Step or skip one optimizer, as every face's step does: unscale its gradients unless
+        done (or check the true ``given_grads`` instead), then ``run_step()`` so that it changes
+        nothing if they hold inf/nan. Returns its result, or ``skipped`` where it was not called."""
         if not self._enable:
             optimizers.refuse_without_parameters(optimizer)
             return run_step()
@@ -284,20 +261,17 @@ class AmpScaler(TensorsOnHost):
     def _end_iteration(
         self, *, found: Tensor | None = None, new_scale: float | Tensor | None = None
     ) -> bool:
-        """End the iteration, the one path into the update: join the verdicts of every
-        optimizer stepped since the last end, or take ``found`` (a bool [1] tensor) from a
-        face that decided it; move the scale by the rule, or set it to ``new_scale``
-        (PyTorch's ``update(new_scale)``: as ``LossScale.set_scale``, the counters kept);
-        count the iteration, report overflows, apply the stuck policy. An iteration in
-        which nothing was checked ends uncounted. Returns False, changing nothing but the
-        scale, when there is no iteration to end (no ``found``, no optimizer stepped):
-        misuse, which each face words its own way."""
+        """End the iteration, the one path into the update: join the verdicts of the optimizers
+        stepped since the last end, or take ``found`` (a bool [1] tensor) from a face that decided
+        it; move the scale by the rule, or to ``new_scale`` (PyTorch's ``update(new_scale)``,
+        counters kept); count the iteration, report overflows, apply the stuck policy. One with
+        nothing checked ends uncounted. Returns False, changing nothing but the scale, if there is
+        no iteration to end (no ``found``, no optimizer stepped): misuse, worded by each face."""
         if not self._enable:
             return True
         if new_scale is not None:
             self._loss_scale.set_scale(new_scale, "new_scale")
-        states = self._optimizer_states.values()
-        stepped = [record for record in states if record.stage is OptimizerState.STEPPED]
+        stepped = [r for r in self._optimizer_states.values() if r.stage is OptimizerState.STEPPED]
         if found is None and not stepped:
             return False
         self._optimizer_states = defaultdict(OptimizerRecord)
@@ -326,9 +300,8 @@ class AmpScaler(TensorsOnHost):
         self._loss_scale.rule = dataclasses.replace(self._rule, **changes)
 
     def _nothing_checked(self, optimizer: Any) -> None:
-        """Called when none of ``optimizer``'s parameters has a gradient this iteration; a
-        face overrides it to refuse the step (raise: the optimizer is left untouched).
-        This one warns and steps it, as Paddle's scalers do."""
+        """Called when no parameter of ``optimizer`` has a gradient this iteration: warns and steps
+        it, as Paddle's scalers do; a face may raise to refuse it, the optimizer untouched."""
         warnings.warn(
             f"step(): no parameter of this {type(optimizer).__name__} has a gradient (no "
             "backward() since its gradients were cleared?), so nothing was checked; it is "
@@ -353,8 +326,7 @@ class AmpScaler(TensorsOnHost):
 
     def _unscale_and_record(self, optimizer: Any, record: OptimizerRecord) -> None:
         record.refuse_unscale()
-        # fleet's distributed_scaler and dist.shard_scaler replace _unscale with one that
-        # neither measures nor counts: that is done here, before it writes the gradients.
+        # fleet's and shard_scaler's _unscale neither measure nor count: here, before they write.
         amax = None
         if "_unscale" in vars(self) and (self._overflows is not None or self._measures_now()):
             params = optimizers.parameters_of(optimizer)
@@ -367,8 +339,7 @@ class AmpScaler(TensorsOnHost):
         self._unscale(optimizer)
         verdict = record.verdict
         if verdict is None or verdict.flag is not self._found_inf:
-            # A replaced _unscale decided, and said so in _found_inf only (a flag, or a
-            # Python bool or int).
+            # A replaced _unscale decided, in _found_inf only (a flag, or a Python bool or int).
             found = self._found_inf
             on_host = None if isinstance(found, Tensor) else bool(found)
             if on_host is not None:
@@ -377,14 +348,12 @@ class AmpScaler(TensorsOnHost):
             record.stage = OptimizerState.UNSCALED
 
     def _measures_now(self) -> bool:
-        """Whether this iteration's unscales measure the gradients, as the rule asks."""
         return self._rule.measures(self._run.iterations + 1)
 
     def _measure(
         self, params: list[Any] | None, grads: list[Tensor | None], times: Tensor | None = None
     ) -> Tensor | None:
-        """Where this iteration is measured, ``kernels.measure``'s table of ``grads``, kept
-        for the iteration's end; measure before an unscale writes them."""
+        """Where measured, ``kernels.measure``'s table of ``grads``, kept for the iteration end."""
         if not self._measures_now():
             return None
         table = kernels.measure(grads, times=times)
@@ -400,10 +369,9 @@ class AmpScaler(TensorsOnHost):
         *,
         true: bool = False,
     ) -> None:
-        """Unscale ``grads`` (None: those of ``params``, fetched at once) in place and check
-        them for inf/nan, measured first where the rule asks (the unscale writes them).
-        ``true`` gradients are measured as the scaled ones would have been, and unscaled by
-        exactly 1, which only checks them."""
+        """Unscale ``grads`` (None: those of ``params``, fetched at once) in place and check them
+        for inf/nan, measured first where the rule asks (the unscale writes them). ``true``
+        gradients are measured as if scaled, and unscaled by exactly 1, which only checks them."""
         scale = self._loss_scale.scale
         times, divisor = (scale, paddle.ones_like(scale)) if true else (None, scale)
         if grads is None:  # neither counted nor measured: grouped at the least cost
@@ -421,7 +389,6 @@ class AmpScaler(TensorsOnHost):
 
     # -- Paddle's getters and setters ------------------------------------------------
     # Each read is a device sync, outside a step: the scaler itself never reads.
-
     def is_enable(self) -> bool:
         return self._enable
 
@@ -437,9 +404,8 @@ class AmpScaler(TensorsOnHost):
 
     def set_init_loss_scaling(self, new_init_loss_scaling: float) -> None:
         """Set the initial scale, and the current scale with it (within the bounds)."""
-        self._init_loss_scaling = self._loss_scale.set_scale(
-            new_init_loss_scaling, "new_init_loss_scaling"
-        )
+        scale = self._loss_scale.set_scale(new_init_loss_scaling, "new_init_loss_scaling")
+        self._init_loss_scaling = scale
 
     def get_incr_ratio(self) -> float:
         return self._rule.incr_ratio
@@ -474,8 +440,7 @@ class AmpScaler(TensorsOnHost):
         return self._rule.decr_every_n_nan_or_inf
 
     def set_decr_every_n_nan_or_inf(self, new_decr_every_n_nan_or_inf: int) -> None:
-        """Set the back-off period, under either policy; a streak already that long backs
-        off at the next inf/nan."""
+        """Set the back-off period (either policy); a streak that long backs off at next inf/nan."""
         name = "new_decr_every_n_nan_or_inf"
         period = validation.check_period(new_decr_every_n_nan_or_inf, name, integral_float=True)
         self._change_rule(decr_every_n_nan_or_inf=period)
@@ -508,11 +473,8 @@ class AmpScaler(TensorsOnHost):
         self._loss_scale.set_counters(self._loss_scale.counters()[0], count)
 
     def stats(self) -> ScalerStats:
-        """The run so far (``ScalerStats``: counts, the scale and, where the gradients are
-        measured, their headroom), in one read of the device."""
-        if not self._enable:
-            return ScalerStats(0, 0, 0, None, 0, 0, scale=1.0)
-        return self._read()[1]
+        """``ScalerStats`` of the run: counts, scale, headroom where measured (one device read)."""
+        return self._read()[1] if self._enable else ScalerStats(0, 0, 0, None, 0, 0, scale=1.0)
 
     def last_step_skipped(self) -> bool:
         """Whether the most recent iteration skipped its step (reads the device); False
@@ -520,8 +482,7 @@ class AmpScaler(TensorsOnHost):
         return self.stats().skip_streak > 0
 
     def _read(self) -> tuple[Memory, ScalerStats, list[float]]:
-        """The rule's memory, the statistics and the measured totals, in one read of the
-        device."""
+        """The rule's memory, the statistics and the measured totals, in one device read."""
         self._run.count_pending()
         memory, numbers = self._loss_scale.read(self._run.counts, self._measured.totals)
         counts, totals = numbers[:-3], numbers[-3:]
@@ -536,9 +497,8 @@ class AmpScaler(TensorsOnHost):
         return saved_state(self._rule, memory, stats, self._use_dynamic_loss_scaling, totals)
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Load a state dict of this package, of Paddle's scalers or of PyTorch's GradScaler
-        (a bad one: ``ValueError`` naming the key, the scaler unchanged). Like Paddle's, it
-        makes the loaded scale the initial scale too."""
+        """Load a state dict of this package's, Paddle's or PyTorch's scaler, whose scale becomes
+        the initial one too, as in Paddle (a bad one: ``ValueError`` naming the key, no change)."""
         if not self._enable:
             return
         if isinstance(state_dict, Mapping) and len(state_dict) == 0:
@@ -587,8 +547,7 @@ class AmpScaler(TensorsOnHost):
             distributed.check_consistency(self, self._sync.group)
 
     def __getstate__(self) -> dict[str, Any]:
-        """Pickle (or deep-copy) between iterations only, as PyTorch's scaler does: mid-way,
-        the per-optimizer records point at gradients and optimizers of this process."""
+        """Pickle or deep-copy between iterations only, as in PyTorch: records hold live objects."""
         if any(r.stage is not OptimizerState.INIT for r in self._optimizer_states.values()):
             raise RuntimeError(
                 "a scaler may only be pickled (or deep-copied) at the beginning of an "
@@ -600,8 +559,7 @@ class AmpScaler(TensorsOnHost):
         return {**super().__getstate__(), "_noted_types": set()}
 
     def __repr__(self) -> str:
-        """The scale, counters, ratios and periods (reads the device), then each option
-        that differs from its default."""
+        """Scale, counters, ratios and periods (reads the device), then options not at defaults."""
         if not self._enable:
             return f"{type(self).__name__}(enable=False)"
         rule = self._rule
@@ -619,19 +577,15 @@ class AmpScaler(TensorsOnHost):
             "sync_found_inf": self._sync.enabled,
         }
         fields = self._repr_fields()
-        fields.update(
-            {key: value for key, value in options.items() if value != self._option_defaults[key]}
-        )
+        fields.update((k, v) for k, v in options.items() if v != self._option_defaults[k])
         return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in fields.items())})"
 
 
 class GradScaler(AmpScaler):
-    """``AmpScaler`` with the split form of ``minimize``: ``step(optimizer)`` for each
-    optimizer, then ``update()`` once per iteration.
+    """``AmpScaler`` with ``minimize`` split: ``step(optimizer)`` for each, then ``update()`` once.
 
     The same arguments as ``AmpScaler``, with Paddle's ``GradScaler`` defaults:
-    ``init_loss_scaling=2.0**16`` and ``incr_every_n_steps=2000``.
-    """
+    ``init_loss_scaling=2.0**16`` and ``incr_every_n_steps=2000``."""
 
     # Written out, as Paddle's is: help() and inspect show GradScaler's own defaults.
     @validation.keywords_checked
@@ -656,8 +610,7 @@ class GradScaler(AmpScaler):
         group: Any = None,
         sync_found_inf: bool = True,
     ) -> None:
-        # Every argument forwarded, by the names of AmpScaler's signature (the same).
-        arguments = locals()
+        arguments = locals()  # every argument, forwarded by AmpScaler's names (the same)
         super().__init__(**{name: arguments[name] for name in self._option_defaults})
 
     def step(self, optimizer: Any) -> None:
