@@ -1,6 +1,5 @@
-"""The headroom policy as a type: ``HeadroomRule``, and ``HeadroomMemory``, what it
-remembers beyond the scale and its counters. Why it fits the scale to the gradients'
-largest magnitude, and what that costs: ``docs/concepts.md``, "The headroom policy".
+"""``HeadroomRule``, the headroom policy as a type, and ``HeadroomMemory``, what it remembers.
+Why it fits the scale to the amax, at what cost: ``docs/concepts.md``, "The headroom policy".
 """
 
 from __future__ import annotations
@@ -12,10 +11,9 @@ import numpy as np
 import paddle
 from paddle import Tensor
 
-from . import validation
 from .interval import Memory, Rule
 from .kernels import C_ops
-from .validation import FLOAT16_MAX, FLOAT32_MAX, INT32_MAX
+from .validation import FLOAT16_MAX, FLOAT32_MAX
 
 # "Never grew", as an iteration number (an int32 on the device).
 NEVER = -(2**30)
@@ -28,9 +26,8 @@ class HeadroomMemory(Memory):
     Args:
         peak: the largest true (unscaled) amax measured lately, forgetting a bit every
             ``peak_half_life`` iterations (0: none yet).
-        overflow_peak: the peak whose fit keeps the scale a growth below one that
-            overflowed soon after it was reached, falling a growth every
-            ``incr_every_n_steps`` iterations (0: none).
+        overflow_peak: the peak whose fit keeps the scale a growth below one that overflowed soon
+            after it was reached, falling a growth per ``incr_every_n_steps`` iterations (0: none).
         anchor: the scale after the last measured iteration (0: none yet).
         grown_at: the iteration of the last growth (``NEVER``: none).
         amax: the amax of the last finite measured iteration (0: none yet).
@@ -47,9 +44,8 @@ class HeadroomMemory(Memory):
 
 @dataclasses.dataclass(frozen=True)
 class HeadroomRule(Rule):
-    """Fit the scale to the largest amax of late, a margin below float16's ceiling, in
-    both directions, and keep a growth below any scale that overflowed soon after it was
-    reached::
+    """Fit the scale, both ways, to the largest amax of late, a margin below float16's
+    ceiling, and keep a growth below any scale that overflowed soon after it was reached::
 
         back off as the interval rule does; never grow by the counters
         if measured:
@@ -61,15 +57,13 @@ class HeadroomRule(Rule):
             peak:      halves every peak_half_life iterations (peak_half_life_periods
                        periods); the larger of it and the true amax, but at most
                        2**stale_bits times that amax
-            fit:       the scale becomes the one, in whole growth steps (at most
-                       max_fit_steps), that keeps max(peak, overflow_peak) * scale at
-                       most 65504 / 2**margin (calibration_margin in the first
-                       iterations)
+            fit:       the scale becomes the one, in whole growth steps (at most max_fit_steps),
+                       that keeps max(peak, overflow_peak) * scale at most 65504 / 2**margin
+                       (calibration_margin in the first iterations)
 
-    Why each step: ``docs/concepts.md``, "The headroom policy". A finite amax above 65504
-    is not of float16 gradients: the rule holds the scale. ``incr_every_n_steps`` is how
-    long a scale that overflowed is held off, a growth each that many iterations, and
-    ``measure_every`` is 64 unless the scaler is given one.
+    Why each step: ``docs/concepts.md``, "The headroom policy". A finite amax above 65504 is
+    not of float16 gradients: the rule holds the scale. ``incr_every_n_steps`` is how long
+    a scale that overflowed is held off; ``measure_every`` is 64 unless the scaler sets one.
 
     Args (beyond ``Rule``'s; the policy's tuning, which the scalers leave as they are):
         margin: bits kept between the peak amax and float16's ceiling.
@@ -106,11 +100,10 @@ class HeadroomRule(Rule):
     def adjust_(
         self, memory: Memory, found: Tensor, amax: Tensor | None = None, iteration: int = 0
     ) -> Tensor:
-        """The rule on the device tensors of ``memory``, in place, after ``iteration``
-        (1-based): ``Rule``'s back-off in every iteration, at its cost; in a measured one
-        (``amax``, the largest magnitude among the scaled gradients checked), the rest, in
-        some forty operations on the device. Returns whether the rule grew or backed off
-        (a fit downward is neither), a bool [1] tensor."""
+        """In place on ``memory``'s device tensors, after ``iteration`` (1-based): ``Rule``'s
+        back-off every iteration, at its cost; in a measured one (``amax``: the largest
+        magnitude of the checked scaled gradients) the rest, some forty device operations.
+        Returns whether it grew or backed off (a fit downward is neither), a bool [1] tensor."""
         backed_off = super().adjust_(memory, found)
         if amax is None:
             return backed_off
@@ -161,24 +154,10 @@ class HeadroomRule(Rule):
         paddle.assign(C_ops.where(finite, amax, tensors.amax), output=tensors.amax)
         return paddle.logical_or(backed_off, grew)
 
-    @classmethod
-    def memory_from_state(cls, value: Any, name: str) -> dict[str, Any]:
-        keys = ("peak", "overflow_peak", "anchor", "grown_at", "amax")
-        validation.check_keys(value, name, keys)
-        checked: dict[str, Any] = {}
-        for key in keys:
-            where = f"{name}[{key!r}]"
-            if key == "grown_at":
-                checked[key] = validation.check_int_within(value[key], where, NEVER, INT32_MAX)
-            else:
-                checked[key] = validation.check_number_within(value[key], where, 0, FLOAT32_MAX)
-        return checked
-
 
 class _MeasuredIteration:
-    """The numbers a measured iteration works with, in float32 as on the device: scalars
-    as Python floats, the rest as tensors on ``place``, among them the factors
-    ``incr_ratio**k`` for whole k from -max_fit_steps to max_fit_steps."""
+    """A measured iteration's numbers, in float32 as on the device: scalars as Python floats,
+    the rest as tensors on ``place``, among them ``incr_ratio**k`` for |k| <= max_fit_steps."""
 
     def __init__(self, rule: HeadroomRule, since: int, calibrating: bool, place: Any) -> None:
         def single(value: float) -> float:
@@ -192,8 +171,7 @@ class _MeasuredIteration:
         self.overflow_fall = single(rule.incr_ratio ** (-since / rule.incr_every_n_steps))
         self.stale = single(2.0**rule.stale_bits)
         self.calibration_factor = single(rule.decr_ratio ** (rule.calibration_stride - 1))
-        cap = FLOAT32_MAX if rule.max_scale is None else rule.max_scale
-        self.bounds = (single(rule.min_scale), single(cap))
+        self.bounds = (single(rule.min_scale), single(rule.max_scale or FLOAT32_MAX))
         self.limit = tensor([FLOAT16_MAX / 2**margin])
         # Over a scale that overflowed, the peak whose fit keeps the scale a growth below.
         self.overflow_limit = tensor([FLOAT16_MAX * rule.incr_ratio / 2**rule.margin])

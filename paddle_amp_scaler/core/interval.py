@@ -1,7 +1,6 @@
-"""What every loss-scaling rule is (``Rule``, and ``Memory``, what it remembers between
-iterations), and Paddle's rule as one, ``IntervalRule``: its pure ``adjust`` on host
-numbers, the specification, and beside it ``adjust_``, the same on device tensors with
-the same names and comparisons, which the tests hold to the first.
+"""What every loss-scaling rule is (``Rule``; ``Memory``, what it remembers), and Paddle's
+rule, ``IntervalRule``: its pure ``adjust`` on host numbers, the specification, and its
+device form ``adjust_``, in the same names and comparisons, which the tests hold to it.
 """
 
 from __future__ import annotations
@@ -9,13 +8,13 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import numpy as np
 import paddle
 from paddle import Tensor
 
-from . import kernels
+from . import kernels, validation
 from .validation import FLOAT32_MAX, INT32_MAX
 
 
@@ -35,8 +34,7 @@ class Memory:
     decr_count: Any = 0
 
     def numbers(self, real: Callable[[Any], Any] = float) -> dict[str, Any]:
-        """Each field as a host number: ``real`` of those in ``FLOATS``, an int of the rest
-        (from device tensors' values, or for a state dict or a tensor's ``fill_``)."""
+        """Each field as a host number: ``real`` of those in ``FLOATS``, an int of the rest."""
         return {
             field.name: (real if field.name in self.FLOATS else int)(getattr(self, field.name))
             for field in dataclasses.fields(self)
@@ -45,10 +43,9 @@ class Memory:
 
 @dataclasses.dataclass(frozen=True)
 class Rule:
-    """What every rule shares: Paddle's four settings, the bounds of the scale, and the
-    back-off of Paddle's ``update_loss_scaling`` kernel (``adjust_``). A rule says how the
-    scale grows and what it remembers beyond the scale and its counters (``memory_type``,
-    ``state_key``).
+    """What every rule shares: Paddle's four settings, the scale's bounds, and the back-off
+    of Paddle's ``update_loss_scaling`` kernel (``adjust_``). A rule says how the scale
+    grows and what it remembers beyond the scale and counters (``memory_type``, ``state_key``).
 
     Args:
         incr_ratio: the factor of a growth.
@@ -84,22 +81,19 @@ class Rule:
     measure_every: int | None = None
 
     def __post_init__(self) -> None:
-        # What the rule keeps on each device, made once per place (on a GPU a copy from
-        # the host waits for it). Not a field: a rule made by ``dataclasses.replace`` (as
-        # pickling a scaler does) makes its own.
+        # Made once per place: on a GPU a copy from the host waits for it. Not a field, so
+        # a rule made by ``dataclasses.replace`` (as pickling a scaler does) makes its own.
         object.__setattr__(self, "_on_device", {})
 
     def _kept(self, key: Any, place: Any, make: Callable[[], Any]) -> Any:
-        """What the rule keeps under ``key`` on ``place``, made by ``make`` the first time."""
         kept, where = self.__dict__["_on_device"], (key, str(place))
         if where not in kept:
             kept[where] = make()
         return kept[where]
 
     def stand_in(self, place: Any, dtype: Any) -> Tensor:
-        """A [1] zero of ``dtype`` on ``place``, the rule's own, for a kernel argument whose
-        value does not matter (``update_loss_scaling``'s ``xs``, and with ``stop_update``
-        its scale and counters)."""
+        """The rule's [1] zero of ``dtype`` on ``place``, for a kernel argument that does not
+        matter (``update_loss_scaling``'s ``xs``; with ``stop_update``, scale and counters)."""
         return self._kept(
             ("stand-in", str(dtype)), place, lambda: paddle.to_tensor([0], dtype=dtype, place=place)
         )
@@ -128,21 +122,18 @@ class Rule:
     def adjust_(
         self, memory: Memory, found: Tensor, amax: Tensor | None = None, iteration: int = 0
     ) -> Tensor:
-        """The rule on the device tensors of ``memory``, in place, from a bool [1] verdict
-        and, in an iteration it measures, the amax; returns whether the rule acted, a
-        bool [1] tensor. Nothing is read.
+        """The rule on ``memory``'s device tensors, in place, from a bool [1] verdict and, where
+        measured, the amax; returns whether it acted, a bool [1] tensor. Reads nothing.
 
-        Here ``count`` and its move, which every rule shares and which is the whole of
-        ``IntervalRule``'s: Paddle's ``update_loss_scaling`` kernel, one launch, with
-        ``incr_count_limit`` as its period. It floors the scale at 1.0, backs off by
-        multiplying, refuses a growth that would overflow float32, and resets the counter
-        of the verdict's kind exactly when it acts, leaving the other at 0: a lower
-        ``min_scale`` or a ``backoff_divisor`` redoes its back-off, and a higher floor or
-        a ``max_scale`` clips after it."""
+        Here ``count`` and its move, shared by every rule and the whole of ``IntervalRule``'s:
+        Paddle's ``update_loss_scaling`` kernel, one launch, with ``incr_count_limit`` as its
+        period. It floors the scale at 1.0, backs off by multiplying, refuses a growth that
+        would overflow float32, and resets the verdict's counter exactly when it acts, leaving
+        the other at 0: a lower ``min_scale`` or a ``backoff_divisor`` redoes its back-off, and
+        a higher floor or a ``max_scale`` clips after it."""
         scale = memory.scale
         before = scale.clone() if self.min_scale < 1.0 or self.backoff_divisor is not None else None
-        # The kernel zeroes its ``xs`` when found_inf is set, and refuses an empty list:
-        # the gradients were dealt with before, so it gets a stand-in.
+        # The gradients were dealt with before: ``xs`` is a stand-in (the facts in ``kernels``).
         kernels.C_ops.update_loss_scaling_(
             [self.stand_in(scale.place, paddle.float32)],
             found,
@@ -179,8 +170,20 @@ class Rule:
     @classmethod
     def memory_from_state(cls, value: Any, name: str) -> dict[str, Any]:
         """``memory_to_state``'s dict, checked (``ValueError`` naming ``name``), as keyword
-        arguments of ``memory_type``."""
-        return {}
+        arguments of ``memory_type``: floats from 0 to float32's largest, ints (iterations)
+        from their default, "never", to int32's largest."""
+        memory = cls.memory_type
+        extra = dataclasses.fields(memory)[len(dataclasses.fields(Memory)) :]  # past Memory's
+        validation.check_keys(value, name, [field.name for field in extra])
+        checked: dict[str, Any] = {}
+        for field in extra:
+            key, where = field.name, f"{name}[{field.name!r}]"
+            if key in memory.FLOATS:
+                checked[key] = validation.check_number_within(value[key], where, 0, FLOAT32_MAX)
+            else:
+                lowest = cast(int, field.default)
+                checked[key] = validation.check_int_within(value[key], where, lowest, INT32_MAX)
+        return checked
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,8 +202,7 @@ class IntervalRule(Rule):
                     scale = min(scale * incr_ratio, max_scale)
                 incr_count = 0
 
-    It is blind to the gradients: it grows every period whatever they hold. Its
-    settings are ``Rule``'s.
+    Blind to the gradients, it grows every period whatever they hold. Its settings are ``Rule``'s.
     """
 
     name: ClassVar[str] = "interval"
@@ -217,8 +219,7 @@ class IntervalRule(Rule):
         backed off, even where a bound or float32's limit held the scale). It ignores
         ``amax`` and ``iteration``. Its device form is ``Rule.adjust_``."""
         incr_count, decr_count, acts = self.count(memory.incr_count, memory.decr_count, found)
-        scale = memory.scale
-        real = type(scale)
+        scale, real = memory.scale, type(memory.scale)
         if acts and found:
             if self.backoff_divisor is None:
                 scale = _times(scale, self.decr_ratio)
@@ -236,7 +237,6 @@ class IntervalRule(Rule):
 
 
 def _times(value: Any, factor: float) -> Any:
-    """``value * factor`` in ``value``'s precision: a float32 product overflows to inf as
-    on the device."""
+    """``value * factor`` in ``value``'s precision: float32 overflows to inf, as on the device."""
     with np.errstate(over="ignore"):
         return value * type(value)(factor)

@@ -1,27 +1,22 @@
-"""Paddle's AMP kernels as the scaler uses them. Every function here but ``read_numbers``
-queues work on the device and returns without waiting: nothing reads a tensor back.
+"""Paddle's AMP kernels as the scaler uses them. All but ``read_numbers`` queue work on the
+device and return without waiting: nothing reads a tensor back. Facts kept here:
 
-Facts kept here:
-
-* ``check_finite_and_unscale_`` takes one dtype per call, with a scale of the kernel's
-  compute dtype: float32 for float16/bfloat16/float32 grads, float64 for float64 grads
-  (the CPU build registers float32 and float64 only). It writes its inputs: each value
-  times ``1/scale``, and once it meets a non-finite tensor it turns -inf into NaN and
-  zeroes the tensors after it, even at a scale of 1: an all-finite test that must leave
-  its inputs alone cannot use it. Paddle 2.6's refuses a tensor with no elements
-  (``TAKES_EMPTY``); Paddle 3's takes one, as ``update_loss_scaling_`` does.
+* ``check_finite_and_unscale_`` takes one dtype per call and a scale of the kernel's compute
+  dtype: float32 for float16/bfloat16/float32 grads, float64 for float64 (the CPU build:
+  float32 and float64 only). It writes its inputs, each times ``1/scale``; once it meets a
+  non-finite tensor it turns -inf into NaN and zeroes the tensors after it, even at a scale
+  of 1: useless to an all-finite test that must leave them alone. Paddle 2.6's refuses a
+  tensor with no elements (``TAKES_EMPTY``); 3's takes one, as ``update_loss_scaling_`` does.
 * ``update_loss_scaling_`` refuses an empty ``xs`` and zeroes every tensor of ``xs`` when
-  ``found_inf`` is set; with ``stop_update=True`` it does only that. Its rule is
-  ``interval.Rule.adjust_``'s.
+  ``found_inf`` is set, and only that with ``stop_update=True``. Its rule is ``Rule.adjust_``'s.
 * Both keep their names and signatures from Paddle 2.6 to 3.x as ``C_ops`` functions.
-* ``C_ops.scale`` takes its factor as a tensor on the device and keeps a 0-d tensor
-  0-d: one operation, where a multiply by a [1] scale needs a reshape first.
+* ``C_ops.scale`` takes its factor as a tensor on the device and keeps a 0-d tensor 0-d:
+  one operation, where a multiply by a [1] scale needs a reshape first.
 * Under Paddle 3's semi-automatic parallelism gradients are dist tensors; handed them,
-  ``check_finite_and_unscale_`` turns its dense scale into a replicated dist tensor, in
-  place (``dist.shard_scaler``'s unscale does so to the scaler's ``_scale``). A dist
-  tensor read as a Scalar (``C_ops.scale``'s factor) ends the process, and a kernel that
-  mixes dist and dense tensors raises. So every function here works on what this rank
-  holds (``local``): a dist tensor's local value shares its storage.
+  ``check_finite_and_unscale_`` turns its dense scale into a replicated dist tensor, in place
+  (``dist.shard_scaler``'s unscale does so to the scaler's ``_scale``). A dist tensor read as
+  a Scalar (``C_ops.scale``'s factor) ends the process; a kernel mixing dist and dense tensors
+  raises. So each function here works on this rank's part (``local``), which shares its storage.
 """
 
 from __future__ import annotations
@@ -39,7 +34,6 @@ if TYPE_CHECKING:  # typing.TypeGuard needs Python 3.10
 # Untyped for the checker, like the rest of Paddle: Paddle 3 ships a stub of its ops,
 # which mypy would follow (follow_imports does not reach stubs) and 2.6 has none.
 C_ops: Any = paddle._C_ops
-
 
 # Whether the unscale kernel takes a tensor with no elements (the facts above).
 TAKES_EMPTY = not paddle.__version__.startswith("2.")
@@ -69,19 +63,16 @@ def measure(grads: Sequence[Tensor | None], times: Tensor | None = None) -> Tens
     ``grads``, or None. Seven operations per gradient; measure before an unscale."""
     largest, counts = [], []
     bounds: dict[Any, tuple[Tensor, Tensor]] = {}  # 0 and float16's floor, per dtype
-    # Paddle hands out gradients that require gradients themselves: measured with
-    # autograd on, each measurement would record a graph, and what keeps it (the
-    # headroom rule's memory) would chain one more to it every measured iteration.
+    # Paddle's gradients require gradients: under autograd each measurement would record a
+    # graph, and the headroom rule's memory would chain one more to it every measured iteration.
     with paddle.no_grad():
         for grad in filter(is_checked, map(held, grads)):
             if times is not None:
                 grad = grad.astype(paddle.float32) * local(times).reshape([])
-            if grad.dtype not in bounds:
-                bounds[grad.dtype] = (
-                    paddle.zeros([], grad.dtype),
-                    paddle.full([], FLOAT16_TINY, grad.dtype),
-                )
-            zero, tiny = bounds[grad.dtype]
+            dtype = grad.dtype
+            if dtype not in bounds:
+                bounds[dtype] = (paddle.zeros([], dtype), paddle.full([], FLOAT16_TINY, dtype))
+            zero, tiny = bounds[dtype]
             magnitude = C_ops.abs(grad)
             nonzero = C_ops.greater_than(magnitude, zero)
             subnormal = C_ops.logical_and(nonzero, C_ops.less_than(magnitude, tiny))
@@ -102,13 +93,11 @@ def amax_in(table: Tensor | None) -> Tensor | None:
 
 
 def zero_if_found_(groups: Groups, found_inf: Tensor, stand_in: Callable[[Any], Tensor]) -> None:
-    """Zero every gradient of ``groups`` where ``found_inf`` holds, decided on the device,
-    one launch per dtype. ``stand_in(dtype)``: a [1] tensor of that dtype for the kernel's
-    arguments that do not matter here."""
+    """Zero every gradient of ``groups`` if ``found_inf`` holds, one launch per dtype;
+    ``stand_in(dtype)``: a [1] tensor of that dtype for kernel arguments that do not matter."""
     found_inf = local(found_inf)
     for dtype, group in groups.items():
-        # With stop_update=True the kernel only zeroes; it wants a scale of the group's
-        # compute dtype and counters all the same.
+        # stop_update=True: it only zeroes, but still wants a compute-dtype scale and counters.
         scale = stand_in(paddle.float64 if dtype == paddle.float64 else paddle.float32)
         counter = stand_in(paddle.int32)
         C_ops.update_loss_scaling_(group, found_inf, scale, counter, counter, 1, 1, 2.0, 0.5, True)
@@ -190,9 +179,8 @@ def read_numbers(*tensors: Tensor) -> list[float]:
 
 
 def local(tensor: Tensor) -> Tensor:
-    """What this rank holds of ``tensor``: a dist tensor's local value, which shares its
-    storage (an in-place write to it is one to the dist tensor), else ``tensor`` itself.
-    A replicated dist tensor's local value is the whole of it."""
+    """What this rank holds of ``tensor``: a dist tensor's local value (an in-place write to it
+    is one to the dist tensor; of a replicated one, the whole), else ``tensor`` itself."""
     return tensor._local_value() if tensor.is_dist() else tensor
 
 

@@ -1,9 +1,8 @@
-"""``LossScale``: a rule and its memory on the device, moved once per iteration.
-
-Paddle's optimizers leave the found-inf flag behind as a Python bool, so the verdict
-mostly reaches the host for free: the counters then follow on the host (``Rule.count``)
-and the device is touched only where the rule acts or measures. A verdict known on the
-device only (plain SGD's skip by zeroing, MindSpore's ``adjust``) runs the device form.
+"""``LossScale``: a rule and its memory on the device, moved once per iteration. Paddle's
+optimizers leave the found-inf flag behind as a Python bool, so the verdict mostly reaches
+the host for free: the counters then follow on the host (``Rule.count``) and the device is
+touched only where the rule acts or measures. A verdict known on the device only (plain
+SGD's skip by zeroing, MindSpore's ``adjust``) runs the device form.
 """
 
 from __future__ import annotations
@@ -29,11 +28,9 @@ class LossScale(TensorsOnHost):
 
     def __init__(self, rule: Rule, scale: float, place: Any) -> None:
         self.rule = rule
-        start = rule.memory_type(np.float32(scale))
-        self.memory = _on_device(start, place)
-        # The counters as the host knows them (None: the device alone knows them), and
-        # whether the device tensors hold them too.
-        self._counters: tuple[int, int] | None = (start.incr_count, start.decr_count)
+        self.memory = _on_device(rule.memory_type(np.float32(scale)), place)
+        # The host's counters (None: the device alone knows them); whether the device has them.
+        self._counters: tuple[int, int] | None = (0, 0)
         self._counters_on_device = True
 
     @property
@@ -70,9 +67,8 @@ class LossScale(TensorsOnHost):
     def _adjust_(self, flag: Tensor, amax: Tensor | None, iteration: int) -> Tensor:
         """The rule's device form, its counters first brought up to date."""
         if self._counters is not None and not self._counters_on_device:
-            incr_count, decr_count = self._counters
-            self.memory.incr_count.fill_(incr_count)
-            self.memory.decr_count.fill_(decr_count)
+            self.memory.incr_count.fill_(self._counters[0])
+            self.memory.decr_count.fill_(self._counters[1])
         return self.rule.adjust_(self._local_memory(), kernels.local(flag), amax, iteration)
 
     def set_scale(self, scale: float | Tensor, name: str) -> float | Tensor:
@@ -101,12 +97,10 @@ class LossScale(TensorsOnHost):
         return cast(tuple[int, int], self._counters)
 
     def read(self, *also: Tensor) -> tuple[Memory, list[float]]:
-        """The memory as host numbers, and the values of the one-element tensors ``also``,
-        in one read of the device."""
+        """The memory and the one-element tensors ``also`` as host numbers, in one device read."""
         fields = [field.name for field in dataclasses.fields(self.memory)]
         numbers = kernels.read_numbers(*(getattr(self.memory, name) for name in fields), *also)
-        read = self.rule.memory_type(**dict(zip(fields, numbers)))
-        values = read.numbers(np.float32)
+        values = self.rule.memory_type(**dict(zip(fields, numbers))).numbers(np.float32)
         if self._counters is None:
             self._counters = (values["incr_count"], values["decr_count"])
         values["incr_count"], values["decr_count"] = self._counters
@@ -138,14 +132,8 @@ class LossScale(TensorsOnHost):
 
 def _on_device(memory: Memory, place: Any) -> Memory:
     """``memory`` as [1] tensors on ``place``: float32 for its ``FLOATS``, int32 else."""
-    return dataclasses.replace(
-        memory,
-        **{
-            field.name: paddle.to_tensor(
-                [getattr(memory, field.name)],
-                dtype="float32" if field.name in memory.FLOATS else "int32",
-                place=place,
-            )
-            for field in dataclasses.fields(memory)
-        },
-    )
+    tensors: dict[str, Tensor] = {}
+    for name, number in memory.numbers().items():
+        dtype = "float32" if name in memory.FLOATS else "int32"
+        tensors[name] = paddle.to_tensor([number], dtype=dtype, place=place)
+    return dataclasses.replace(memory, **tensors)
