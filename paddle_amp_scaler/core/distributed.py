@@ -2,8 +2,7 @@
 (MAX) over the group on the device before any rank decides, a check that the ranks hold
 the same scaler, and logs from rank 0 only. Under Paddle 3's semi-automatic parallelism,
 where there may be no global group (``dist.all_reduce`` refuses), the flag is reduced
-over the gradients' process meshes as Paddle reduces a partial tensor: one all-reduce.
-"""
+over the gradients' process meshes as Paddle reduces a partial tensor: one all-reduce."""
 
 from __future__ import annotations
 
@@ -41,7 +40,12 @@ class FoundInfSync:
     ``paddle.distributed`` runs more than one rank and ``enabled`` is True."""
 
     def __init__(self, group: Any, enabled: Any) -> None:
-        self.group = validation.check_group(group, Group)
+        if group is not None and not isinstance(group, Group):
+            raise TypeError(
+                "group must be None or a paddle.distributed group (from "
+                f"paddle.distributed.new_group), got {type(group).__name__}"
+            )
+        self.group = group
         self.enabled = validation.check_bool(enabled, "sync_found_inf")
 
     def agree(

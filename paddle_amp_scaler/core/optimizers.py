@@ -1,8 +1,7 @@
 """An optimizer in the scaler's hands: what it updates (parameters and gradients, through
 wrappers too), what the scaler knows of it in an iteration (``OptimizerRecord``,
 ``Verdict``), and how its step is skipped on inf/nan (``step_or_skip``): every parameter
-and accumulator left bit for bit as it was, without waiting for the device.
-"""
+and accumulator left bit for bit as it was, without waiting for the device."""
 
 from __future__ import annotations
 
@@ -59,9 +58,7 @@ def parameters_of(optimizer: Any) -> list[Any]:
             f"got {type(optimizer).__name__} with no parameter list"
         )
     groups = _dict_groups(owner)
-    params = [param for group in groups for param in group["params"]]
-    if not groups:
-        params = list(owner._parameter_list)
+    params = [p for g in groups for p in g["params"]] if groups else list(owner._parameter_list)
     if not params:
         raise ValueError(
             f"the {type(optimizer).__name__} optimizer has no parameters to update: build "
@@ -133,11 +130,10 @@ def first_wrapped(optimizer: Any, wanted: Callable[[Any], bool]) -> Any | None:
 
 class Verdict(NamedTuple):
     """Whether inf/nan was found, from an unscale to the update: a bool [1] ``flag`` on the
-    device, and/or ``on_host``, the same as a host bool where it reached the host at no
-    cost (an optimizer that read its flag leaves it behind as one). ``amax``: where the
-    unscale measured it, the largest magnitude among the gradients as they came, float32
-    [1] on the device (meaningful only where nothing was found). A tuple: one is made in
-    every step, and a frozen dataclass takes several times as long to make."""
+    device, and/or ``on_host``, the same as a host bool where known at no cost (an optimizer
+    that read its flag leaves it behind as one). ``amax``: where measured, the gradients'
+    largest magnitude as they came, float32 [1] on the device (valid only where none was
+    found). A tuple, made every step: a frozen dataclass takes several times as long."""
 
     flag: Tensor | None
     on_host: bool | None = None
@@ -225,9 +221,8 @@ def step_or_skip(
 ) -> tuple[Any, bool | None]:
     """Step ``optimizer`` so that it changes nothing where ``record``'s verdict found
     inf/nan, in the first of four ways that applies. Returns ``run_step()``'s result (or
-    SKIPPED), and the verdict as a host bool where the step learnt it at no cost, else
-    None. ``rule`` lends its stand-ins; ``noted``: the optimizer types whose host read
-    was logged."""
+    SKIPPED), and the verdict as a host bool where the step learnt it free, else None.
+    ``rule`` lends its stand-ins; ``noted``: the types whose host read was logged."""
     verdict = cast(Verdict, record.verdict)
     if verdict.on_host is not None:
         # Decided on the host already (a replaced _unscale did): skip by not calling
@@ -273,9 +268,8 @@ def step_or_skip(
 
 def zero_grads_make_no_update(optimizer: Any, params: list[Any] | None = None) -> bool:
     """True when a step of ``optimizer`` with all-zero gradients leaves every parameter
-    (``params``, its own if None) bit for bit as it was: Paddle's plain SGD with nothing
-    that turns a zero gradient into another value, no weight decay and no clip but
-    Paddle's own (which map zero to zero)."""
+    (``params``, its own if None) bit for bit as it was: Paddle's plain SGD with no weight
+    decay, no regularizer and no clip but Paddle's own (which map zero to zero)."""
     if type(optimizer) is not paddle.optimizer.SGD or optimizer.regularization is not None:
         return False
     groups = _dict_groups(optimizer)

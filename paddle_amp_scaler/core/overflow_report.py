@@ -1,10 +1,9 @@
-"""Which gradients overflowed, and which sit lowest: per-gradient reports. With
-``report_overflows=True`` each unscale also counts, per gradient as backward left it,
-its inf and nan elements on the device; the iteration's end reads the counts once, and
-keeps and logs an iteration that found any. A measured iteration (``measure_every``)
-keeps per gradient its largest magnitude and its elements in float16's subnormal range
-(``Measurements``), on the device, for ``stats()`` and ``underflow_report`` to read.
-"""
+"""Which gradients overflowed, and which sit lowest. With ``report_overflows=True`` each
+unscale also counts on the device, per gradient as backward left it, its inf and nan
+elements; the iteration's end reads the counts once, and keeps and logs an iteration that
+found any. A measured iteration (``measure_every``) keeps per gradient, on the device, its
+largest magnitude and its elements in float16's subnormal range, for ``stats()`` and
+``underflow_report``."""
 
 from __future__ import annotations
 
@@ -66,10 +65,14 @@ class UnderflowEntry:
 def recorder_for(report_overflows: Any) -> OverflowRecorder | None:
     """The recorder ``report_overflows`` asks for: None for False; for a model, one that
     names each gradient as ``model.named_parameters()`` does, in reports and logs."""
-    if isinstance(validation.check_report_overflows(report_overflows), (bool, np.bool_)):
+    if isinstance(report_overflows, (bool, np.bool_)):
         return OverflowRecorder() if report_overflows else None
-    names = {param.name: name for name, param in report_overflows.named_parameters()}
-    return OverflowRecorder(names)
+    if not callable(getattr(report_overflows, "named_parameters", None)):
+        raise TypeError(
+            "report_overflows must be a bool, or the model (a paddle.nn.Layer) whose parameter "
+            f"names the report and its log lines should use, got {report_overflows!r}"
+        )
+    return OverflowRecorder({p.name: name for name, p in report_overflows.named_parameters()})
 
 
 class OverflowRecorder:
@@ -122,19 +125,19 @@ class OverflowRecorder:
             return
         # Logged on rank 0 only, by the package logger's filter: in a distributed run
         # another rank's gradients may be the ones that overflowed.
-        if not overflowed:
+        if overflowed:
+            named = ", ".join(
+                f"{entry.name} ({entry.num_inf} inf, {entry.num_nan} nan)"
+                for _, entry in self._last[:_LOGGED]
+            )
+            more = f" and {len(overflowed) - _LOGGED} more" if len(overflowed) > _LOGGED else ""
+            logger.warning("iteration %d skipped: inf/nan in %s%s", iteration, named, more)
+        else:
             logger.warning(
                 "iteration %d skipped: inf/nan found, none in the gradients this rank "
                 "counted (another rank's, in a distributed run)",
                 iteration,
             )
-            return
-        named = ", ".join(
-            f"{entry.name} ({entry.num_inf} inf, {entry.num_nan} nan)"
-            for _, entry in self._last[:_LOGGED]
-        )
-        more = f" and {len(overflowed) - _LOGGED} more" if len(overflowed) > _LOGGED else ""
-        logger.warning("iteration %d skipped: inf/nan in %s%s", iteration, named, more)
 
     def __getstate__(self) -> dict[str, Any]:
         # Between iterations nothing is pending; the parameters kept for naming stay out
@@ -143,9 +146,8 @@ class OverflowRecorder:
         return {**self.__dict__, "_pending": [], "_last": last}
 
     def report(self, model: Any = None) -> list[OverflowEntry]:
-        """The gradients of the last iteration that found inf/nan, most elements first;
-        named as in ``model.named_parameters()`` when ``model`` is given (else as the
-        recorder names them)."""
+        """The gradients of the last iteration that found inf/nan, most elements first,
+        named by ``model.named_parameters()`` if given (else as the recorder names them)."""
         names = {} if model is None else {id(p): n for n, p in model.named_parameters()}
         return [
             dataclasses.replace(entry, name=names.get(id(param), entry.name))
@@ -226,9 +228,8 @@ class Measurements(TensorsOnHost):
             return []
         by_id = {} if model is None else {id(p): n for n, p in model.named_parameters()}
         entries = []
-        for (owner, shape, dtype), (amax, subnormal, nonzero) in zip(
-            self._owners, self._table.numpy().tolist()
-        ):
+        rows = self._table.numpy().tolist()
+        for (owner, shape, dtype), (amax, subnormal, nonzero) in zip(self._owners, rows):
             if isinstance(owner, int):
                 name = f"grads[{owner}]"
             else:

@@ -1,7 +1,6 @@
 """The formats of a scaler's ``state_dict``: Paddle's (which this package writes, with a
 few more keys that Paddle's own ``load_state_dict`` ignores) and PyTorch's, each read into
-one record checked whole before anything is loaded, so that a bad dict changes nothing.
-"""
+one record checked whole before anything is loaded, so that a bad dict changes nothing."""
 
 from __future__ import annotations
 
@@ -26,12 +25,15 @@ RULES: dict[str, type[Rule]] = {rule.name: rule for rule in (IntervalRule, Headr
 
 def rule_named(name: object, argument: str = "policy") -> type[Rule]:
     """The rule type called ``name``; ``ValueError`` naming ``argument`` and the names."""
-    return RULES[validation.check_choice(name, argument, tuple(RULES))]
+    if not isinstance(name, str) or name not in RULES:
+        accepted = " or ".join(repr(choice) for choice in RULES)
+        raise ValueError(f"{argument} must be {accepted}, got {name!r}")
+    return RULES[name]
 
 
 @dataclasses.dataclass(frozen=True)
 class SavedScaler:
-    """Everything a scaler's ``state_dict`` holds, as plain Python values."""
+    """Everything a scaler's ``state_dict`` holds, as plain Python values, Paddle's first."""
 
     scale: float
     incr_ratio: float
@@ -87,8 +89,7 @@ class SavedScaler:
         return clamped
 
     def memory_at(self, rule: Rule, scale: float) -> Memory:
-        """The saved memory for ``rule``, at ``scale``; the rule's memory starts afresh
-        where the dict has none of its own."""
+        """The saved memory for ``rule``, at ``scale``; afresh where the dict has none."""
         return rule.memory_type(
             np.float32(scale), self.incr_count, self.decr_count, **(self.memory or {})
         )
@@ -121,17 +122,8 @@ def saved_state(
     return state
 
 
-# The keys of Paddle's own format, all required.
-PADDLE_KEYS = (
-    "scale",
-    "incr_ratio",
-    "decr_ratio",
-    "incr_every_n_steps",
-    "decr_every_n_nan_or_inf",
-    "incr_count",
-    "decr_count",
-    "use_dynamic_loss_scaling",
-)
+# The keys of Paddle's own format, all required: SavedScaler's first eight fields.
+PADDLE_KEYS = tuple(field.name for field in dataclasses.fields(SavedScaler)[:8])
 
 # PyTorch's GradScaler keys, by the Paddle key they mean. PyTorch has no decrease
 # period (it backs off on every overflow) and is always dynamic.
@@ -172,8 +164,8 @@ def _parsed(state_dict: Mapping[str, Any]) -> SavedScaler:
     def checked(key: str, check: Callable[..., Any], *args: Any) -> Any:
         return check(values[key], f"state_dict[{source_key.get(key, key)!r}]", *args)
 
-    incr_every_n_steps = checked("incr_every_n_steps", validation.check_period)
-    decr_every_n_nan_or_inf = checked("decr_every_n_nan_or_inf", validation.check_period)
+    incr_period = checked("incr_every_n_steps", validation.check_period)
+    decr_period = checked("decr_every_n_nan_or_inf", validation.check_period)
     policy = None
     if "policy" in state_dict:
         policy = rule_named(state_dict["policy"], "state_dict['policy']").name
@@ -182,7 +174,7 @@ def _parsed(state_dict: Mapping[str, Any]) -> SavedScaler:
             raise ValueError(f"state_dict has {key!r} but is missing the key 'policy'")
     rule = RULES[policy or IntervalRule.name]
     # A rule that does not grow by the counters counts finite iterations past the period.
-    counted_up_to = rule(incr_every_n_steps=incr_every_n_steps).incr_count_limit
+    incr_limit = rule(incr_every_n_steps=incr_period).incr_count_limit
     memory = None
     if rule.state_key is not None:
         name = f"state_dict[{rule.state_key!r}]"
@@ -191,21 +183,15 @@ def _parsed(state_dict: Mapping[str, Any]) -> SavedScaler:
         scale=checked("scale", _check_scale_value),
         incr_ratio=checked("incr_ratio", validation.check_incr_ratio),
         decr_ratio=checked("decr_ratio", validation.check_decr_ratio),
-        incr_every_n_steps=incr_every_n_steps,
-        decr_every_n_nan_or_inf=decr_every_n_nan_or_inf,
-        incr_count=checked(
-            "incr_count", validation.check_count, counted_up_to, "incr_every_n_steps"
-        ),
+        incr_every_n_steps=incr_period,
+        decr_every_n_nan_or_inf=decr_period,
+        incr_count=checked("incr_count", validation.check_count, incr_limit, "incr_every_n_steps"),
         decr_count=checked(
-            "decr_count", validation.check_count, decr_every_n_nan_or_inf, "decr_every_n_nan_or_inf"
+            "decr_count", validation.check_count, decr_period, "decr_every_n_nan_or_inf"
         ),
         use_dynamic_loss_scaling=checked("use_dynamic_loss_scaling", validation.check_bool),
         bounds=_bounds_in(state_dict),
-        stats=(
-            parse_stats_state(state_dict["stats"], "state_dict['stats']")
-            if "stats" in state_dict
-            else None
-        ),
+        stats=parse_stats_state(state_dict["stats"]) if "stats" in state_dict else None,
         policy=policy,
         memory=memory,
         measured=_measured_in(state_dict),

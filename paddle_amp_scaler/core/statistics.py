@@ -34,9 +34,8 @@ class ScalerStats:
             counts; the headroom policy's fit downward, which skips nothing, does not).
         scale: the current scale.
         headroom_bits: ``log2(65504 / amax)`` of the last finite measured iteration's
-            scaled gradients: how many doublings they had left before inf. None where
-            nothing is measured or before the first measurement; negative where the
-            gradients were not float16 (``docs/monitoring.md``).
+            scaled gradients: how many doublings they had left before inf. None before
+            any measurement; negative where they were not float16 (``docs/monitoring.md``).
         subnormal_fraction: of that iteration's nonzero scaled gradient elements, the
             share in float16's subnormal range (``0 < |g| < 2**-14``); None as above.
     """
@@ -61,7 +60,7 @@ class ScalerStats:
 _STATE_FIELDS = ("iterations", "skipped", "skip_streak", "last_skipped", "growths", "backoffs")
 
 
-def parse_stats_state(value: Any, name: str) -> ScalerStats:
+def parse_stats_state(value: Any, name: str = "state_dict['stats']") -> ScalerStats:
     """A ``to_state()`` dict, checked for consistency; ``ValueError`` (``TypeError`` for a
     value of the wrong kind) naming ``name``."""
     validation.check_keys(value, name, _STATE_FIELDS)
@@ -70,14 +69,13 @@ def parse_stats_state(value: Any, name: str) -> ScalerStats:
         for field in _STATE_FIELDS
     }
     iterations, skipped, streak, last = (counts[field] for field in _STATE_FIELDS[:4])
-    consistent = (
+    if not (
         streak <= skipped <= iterations
         and last <= iterations
         and (last == 0) == (skipped == 0)
         and (streak == 0 or last == iterations)
         and streak <= last
-    )
-    if not consistent:
+    ):
         raise ValueError(f"{name} holds counts that no run can produce: {dict(value)}")
     return dataclasses.replace(ScalerStats(**counts, scale=1.0), last_skipped=last or None)
 
@@ -135,9 +133,7 @@ class RunStatistics(TensorsOnHost):
         pieces: list[Tensor] = []
         for on_host, run in itertools.groupby(flags, key=lambda flag: isinstance(flag, bool)):
             if on_host:
-                pieces.append(
-                    paddle.to_tensor(list(run), dtype=paddle.bool, place=self.counts.place)
-                )
+                pieces += [paddle.to_tensor(list(run), dtype=paddle.bool, place=self.counts.place)]
             else:
                 pieces += [kernels.local(cast(Tensor, flag)) for flag in run]
         column = pieces[0] if len(pieces) == 1 else paddle.concat(pieces)
@@ -178,7 +174,16 @@ class StuckPolicy:
     ``stuck_after + k - 1`` consecutive skips."""
 
     def __init__(self, stuck_after: int | None, on_stuck: OnStuck) -> None:
-        validation.check_stuck_policy(stuck_after, on_stuck)
+        if stuck_after is not None:
+            if isinstance(stuck_after, bool) or not isinstance(stuck_after, int):
+                raise TypeError(f"stuck_after must be None or an int, got {stuck_after!r}")
+            if stuck_after < 1:
+                raise ValueError(f"stuck_after must be None or an int >= 1, got {stuck_after!r}")
+        if not (on_stuck in ("warn", "raise") or callable(on_stuck)):
+            raise ValueError(
+                'on_stuck must be "warn", "raise" or a callable taking ScalerStats, '
+                f"got {on_stuck!r}"
+            )
         self.stuck_after = stuck_after
         self.on_stuck = on_stuck
         self._warned_streak_start: int | None = None

@@ -2,8 +2,7 @@
 returning the value as a plain Python type or raising ``TypeError`` (wrong kind) or
 ``ValueError`` (out of range) naming the argument; and, once, the limits of what a scaler
 keeps: the scale in float32, its counters and periods in int32 (Paddle's
-``update_loss_scaling`` kernel), and gradients in float16, inf above its largest value.
-"""
+``update_loss_scaling`` kernel), and gradients in float16, inf above its largest value."""
 
 from __future__ import annotations
 
@@ -98,14 +97,6 @@ def check_count(value: Any, name: str, period: int, period_name: str) -> int:
     return count
 
 
-def check_choice(value: Any, name: str, choices: Sequence[str]) -> str:
-    """One of ``choices`` (the policies a scaler is built with, say)."""
-    if not isinstance(value, str) or value not in choices:
-        accepted = " or ".join(repr(choice) for choice in choices)
-        raise ValueError(f"{name} must be {accepted}, got {value!r}")
-    return value
-
-
 def check_keys(value: Any, name: str, keys: Sequence[str]) -> Mapping[str, Any]:
     """A saved dict with exactly ``keys``."""
     if not isinstance(value, Mapping) or set(value) != set(keys):
@@ -129,39 +120,6 @@ def check_number_within(value: Any, name: str, lower: float, upper: float) -> fl
     if not lower <= number <= upper:
         raise ValueError(f"{name} must be a number from {lower!r} to {upper!r}, got {value!r}")
     return number
-
-
-def check_stuck_policy(stuck_after: Any, on_stuck: Any) -> None:
-    """``stuck_after`` (None or an int >= 1) and ``on_stuck`` ("warn", "raise" or a
-    callable taking ``ScalerStats``)."""
-    if stuck_after is not None:
-        if isinstance(stuck_after, (bool, np.bool_)) or not isinstance(stuck_after, int):
-            raise TypeError(f"stuck_after must be None or an int, got {stuck_after!r}")
-        if stuck_after < 1:
-            raise ValueError(f"stuck_after must be None or an int >= 1, got {stuck_after!r}")
-    if not (on_stuck in ("warn", "raise") or callable(on_stuck)):
-        raise ValueError(
-            f'on_stuck must be "warn", "raise" or a callable taking ScalerStats, got {on_stuck!r}'
-        )
-
-
-def check_report_overflows(value: Any) -> Any:
-    """False, True, or a model whose ``named_parameters()`` name the report's gradients."""
-    if isinstance(value, (bool, np.bool_)) or callable(getattr(value, "named_parameters", None)):
-        return value
-    raise TypeError(
-        "report_overflows must be a bool, or the model (a paddle.nn.Layer) whose parameter "
-        f"names the report and its log lines should use, got {value!r}"
-    )
-
-
-def check_group(value: Any, group_type: type) -> Any:
-    if value is not None and not isinstance(value, group_type):
-        raise TypeError(
-            "group must be None or a paddle.distributed group (from "
-            f"paddle.distributed.new_group), got {type(value).__name__}"
-        )
-    return value
 
 
 def check_place(value: Any, name: str = "place") -> Any:
@@ -216,17 +174,13 @@ def check_keywords(
     """Raise ``UnknownArgumentError`` for the names in ``given`` that are not ``known``:
     ``advice(name)`` where it has some, else "did you mean" the closest known name."""
     unknown = [name for name in given if name not in known]
-    if not unknown:
-        return
-
-    def fix(name: str) -> str:
+    fixes = []
+    for name in unknown:
         close = difflib.get_close_matches(name, known, n=1)
         meant = f"did you mean {close[0]!r}?" if close else f"it takes {', '.join(known)}"
-        return advice(name) or meant
-
-    raise UnknownArgumentError(
-        f"{owner} does not take " + "; ".join(f"{name!r} ({fix(name)})" for name in unknown)
-    )
+        fixes.append(f"{name!r} ({advice(name) or meant})")
+    if fixes:
+        raise UnknownArgumentError(f"{owner} does not take " + "; ".join(fixes))
 
 
 def keyword_names(function: Callable[..., Any], keyword_only: bool = False) -> list[str]:
