@@ -440,7 +440,8 @@ class AmpScaler(TensorsOnHost):
         return self._rule.decr_every_n_nan_or_inf
 
     def set_decr_every_n_nan_or_inf(self, new_decr_every_n_nan_or_inf: int) -> None:
-        """Set the back-off period (either policy); a streak that long backs off at next inf/nan."""
+        """Set the back-off period, under either policy; a streak already that long backs off
+        at the next inf/nan."""
         name = "new_decr_every_n_nan_or_inf"
         period = validation.check_period(new_decr_every_n_nan_or_inf, name, integral_float=True)
         self._change_rule(decr_every_n_nan_or_inf=period)
