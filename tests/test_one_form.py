@@ -108,3 +108,13 @@ def test_the_package_ships_no_test_instrument():
     for path in PACKAGE.rglob("*.py"):
         source = path.read_text()
         assert "unittest" not in source and "_getframe" not in source, path.name
+
+
+def lines_in(folder):
+    return sum(len(path.read_text().splitlines()) for path in folder.rglob("*.py"))
+
+
+def test_the_package_and_its_core_stay_within_their_sizes():
+    # Issue 39's figures: a feature pays for its lines by removing others.
+    assert lines_in(PACKAGE) <= 6000
+    assert lines_in(CORE) <= 2800
