@@ -76,20 +76,27 @@ def classification_loss(model, batch):
     return F.cross_entropy(logits, paddle.to_tensor(labels))
 
 
+def digits() -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's 1797 digits: features scaled to [0, 1], and labels."""
+    features, labels = load_digits(return_X_y=True)
+    return (features / 16.0).astype("float32"), labels.astype("int64")
+
+
+def digits_mlp() -> paddle.nn.Layer:
+    paddle.seed(SEED)
+    return mlp([64, 256, 128, 10])
+
+
 def digits_workload(iterations: int) -> Workload:
     """scikit-learn's 1797 digits, an MLP trained with AdamW far past the point where it
     classifies every training example: the loss, and the gradients with it, fall by
     orders of magnitude."""
-    features, labels = load_digits(return_X_y=True)
-    features = (features / 16.0).astype("float32")
-    labels = labels.astype("int64")
+    features, labels = digits()
     batch_size = 64
     per_epoch = len(features) // batch_size
 
     def build(census):
-        paddle.seed(SEED)
-        model = mlp([64, 256, 128, 10])
-        return with_adamw(model, census, 2e-3, 1e-4)
+        return with_adamw(digits_mlp(), census, 2e-3, 1e-4)
 
     def batch(iteration):
         epoch, position = divmod(iteration, per_epoch)
@@ -275,14 +282,11 @@ def fine_tuning_workload(iterations: int) -> Workload:
     """A trained digits classifier fine-tuned on a shifted domain (dimmer, noisier
     images): a small learning rate, gradients small from the first step, four micro-
     batches accumulated per step, and fewer iterations than Paddle's growth period."""
-    features, labels = load_digits(return_X_y=True)
-    features = (features / 16.0).astype("float32")
-    labels = labels.astype("int64")
+    features, labels = digits()
     batch_size = 64
 
     def build(census):
-        paddle.seed(SEED)
-        model = mlp([64, 256, 128, 10])
+        model = digits_mlp()
         model.set_state_dict(pretrained_digits_weights())
         return with_adamw(model, census, 5e-5, 1e-4)
 

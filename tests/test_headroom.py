@@ -18,6 +18,7 @@ from paddle_amp_scaler.integrations import log_stats
 
 from helpers import (
     GradInjector,
+    Writer,
     batches,
     loss_of,
     make_model,
@@ -235,14 +236,6 @@ def test_install_refuses_a_bad_default_naming_it(defaults, message):
     with pytest.raises(ValueError, match=message):
         install(**defaults)
     assert paddle.amp.GradScaler is before
-
-
-class Writer:
-    def __init__(self):
-        self.scalars = {}
-
-    def add_scalar(self, tag, value, step):
-        self.scalars[tag] = value
 
 
 def test_log_stats_writes_the_headroom_under_the_policy_only():

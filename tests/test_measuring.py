@@ -16,7 +16,7 @@ from paddle_amp_scaler.compat import torch as torch_face
 from paddle_amp_scaler.core.headroom import HeadroomRule
 from paddle_amp_scaler.core.interval import IntervalRule
 
-from helpers import GradInjector, batches, loss_of, make_model
+from helpers import GradInjector, Writer, batches, loss_of, make_model
 
 FLOAT16_MAX, FLOAT16_TINY = 65504.0, 2.0**-14
 
@@ -203,14 +203,6 @@ def test_a_dict_of_the_other_policy_is_followed_with_a_warning_both_ways(saved, 
         GradScaler(policy=saved).load_state_dict(source.state_dict())
         paddles = {k: v for k, v in source.state_dict().items() if k not in ("policy", saved)}
         GradScaler(policy=loaded).load_state_dict(paddles)
-
-
-class Writer:
-    def __init__(self):
-        self.scalars = {}
-
-    def add_scalar(self, tag, value, step):
-        self.scalars[tag] = value
 
 
 @pytest.mark.parametrize("measure_every", [None, 4])

@@ -57,9 +57,9 @@ def test_modules_outside_the_core_use_only_the_seam(path):
 # lists the same ("What a face may use"). The rest of the core is the scaler's own.
 CORE_MODULES_FOR_FACES = {
     "scaler": "AmpScaler and GradScaler",
-    "kernels": "scale, unscale out of place, the all-finite test: operations faces share",
+    "kernels": "scale and unscale out of place: operations faces share",
     "optimizers": "an optimizer's parameters, and the TypeError for what is no optimizer",
-    "validation": "every argument check, one message each, and FLOAT16_MAX for the emulation",
+    "validation": "the shared argument checks, one message each, and FLOAT16_MAX",
     "state_dict": "parse_state_dict: a saved dict checked before anything loads",
     "interval": "IntervalRule and Memory: MindSpore's managers run the rule on the host",
     "statistics": "ScalerStats and LossScaleStuckError",

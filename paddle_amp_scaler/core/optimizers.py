@@ -14,7 +14,7 @@ from paddle import Tensor
 from paddle.amp.grad_scaler import OptimizerState
 from paddle.nn import ClipGradByGlobalNorm, ClipGradByNorm, ClipGradByValue
 
-from . import kernels
+from . import distributed, kernels
 from .interval import Rule
 
 logger = logging.getLogger("paddle_amp_scaler")
@@ -83,9 +83,10 @@ def grads_of(params: Sequence[Tensor]) -> list[Tensor | None]:
     return grads
 
 
-def grads_by_dtype(params: Sequence[Tensor]) -> dict[Any, list[Tensor]]:
-    """``grads_of(params)`` grouped as the kernels take them (``kernels.grads_by_dtype_of``).
-    Where every parameter has a float16, bfloat16 or float32 gradient of its own, dense,
+def grads_by_dtype(params: Sequence[Tensor]) -> tuple[dict[Any, list[Tensor]], Any]:
+    """``grads_of(params)`` grouped as the kernels take them (``kernels.grads_by_dtype_of``),
+    and the process mesh of the ranks that hold them (``distributed.mesh_of``). Where every
+    parameter has a float16, bfloat16 or float32 gradient of its own, dense (on no mesh),
     one C++ call groups them, as Paddle's scaler fetches them: on the cold cache a backward
     leaves, reading each gradient's dtype in Python costs more than the call."""
     if kernels.TAKES_EMPTY:
@@ -94,8 +95,9 @@ def grads_by_dtype(params: Sequence[Tensor]) -> dict[Any, list[Tensor]]:
         if sum(map(len, groups)) == len(params) and not any(
             param.is_dist() or getattr(param, "main_grad", None) is not None for param in params
         ):
-            return {group[0].dtype: group for group in groups}
-    return kernels.grads_by_dtype_of(grads_of(params))
+            return {group[0].dtype: group for group in groups}, None
+    grads = grads_of(params)
+    return kernels.grads_by_dtype_of(grads), distributed.mesh_of(grads)
 
 
 def refuse_without_parameters(optimizer: Any) -> None:
@@ -234,7 +236,7 @@ def step_or_skip(
         # p - lr * 0 == p, with no read at all.
         groups = record.groups
         if groups is None:
-            groups = grads_by_dtype(parameters_of(optimizer))
+            groups, _ = grads_by_dtype(parameters_of(optimizer))
         kernels.zero_if_found_(groups, flag, lambda dtype: rule.stand_in(flag.place, dtype))
         # A flag left over from another scaler would make Paddle read it.
         optimizer._set_auxiliary_var("found_inf", None)

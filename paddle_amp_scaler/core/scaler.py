@@ -211,12 +211,7 @@ class AmpScaler(TensorsOnHost):
         record = self._optimizer_states[id(optimizer)]
         record.refuse_unscale()
         params = optimizers.parameters_of(optimizer)
-        grads = None  # each parameter's: fetched only to count or measure them
-        if self._overflows is not None or self._measures_now():
-            grads = optimizers.grads_of(params)
-            if self._overflows is not None:
-                self._overflows.count_(params, grads)
-        self._check_gradients(record, params, grads)
+        self._check_gradients(record, params, self._counted_grads(params))
 
     # -- the extension interface (EXTENSION_INTERFACE) -----------------------------------
     def _step_optimizer(
@@ -328,13 +323,11 @@ class AmpScaler(TensorsOnHost):
         record.refuse_unscale()
         # fleet's and shard_scaler's _unscale neither measure nor count: here, before they write.
         amax = None
-        if "_unscale" in vars(self) and (self._overflows is not None or self._measures_now()):
+        if "_unscale" in vars(self):
             params = optimizers.parameters_of(optimizer)
-            grads = optimizers.grads_of(params)
-            if self._overflows is not None:
-                self._overflows.count_(params, grads)
-            table = self._measure(params, grads)
-            if table is not None:
+            grads = self._counted_grads(params)
+            table = None if grads is None else self._measure(params, grads)
+            if grads is not None and table is not None:
                 amax = self._sync.largest(kernels.amax_in(table), distributed.mesh_of(grads))
         self._unscale(optimizer)
         verdict = record.verdict
@@ -349,6 +342,16 @@ class AmpScaler(TensorsOnHost):
 
     def _measures_now(self) -> bool:
         return self._rule.measures(self._run.iterations + 1)
+
+    def _counted_grads(self, params: list[Any]) -> list[Tensor | None] | None:
+        """Each parameter's gradient where they are counted (here, before an unscale writes
+        them) or measured, else None: the unscale then groups them at the least cost."""
+        if self._overflows is None and not self._measures_now():
+            return None
+        grads = optimizers.grads_of(params)
+        if self._overflows is not None:
+            self._overflows.count_(params, grads)
+        return grads
 
     def _measure(
         self, params: list[Any] | None, grads: list[Tensor | None], times: Tensor | None = None
@@ -375,9 +378,7 @@ class AmpScaler(TensorsOnHost):
         scale = self._loss_scale.scale
         times, divisor = (scale, paddle.ones_like(scale)) if true else (None, scale)
         if grads is None:  # neither counted nor measured: grouped at the least cost
-            owners = cast(list[Any], params)  # a parameter's mesh is its gradient's
-            table, mesh = None, distributed.mesh_of(owners)
-            groups = optimizers.grads_by_dtype(owners)
+            table, (groups, mesh) = None, optimizers.grads_by_dtype(cast("list[Any]", params))
         else:
             table = self._measure(params, grads, times)
             groups, mesh = kernels.grads_by_dtype_of(grads), distributed.mesh_of(grads)
