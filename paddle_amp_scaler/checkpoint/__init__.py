@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import paddle
 
+from ..core.kernels import dtype_name
 from ..core.optimizers import parameters_of
 from ..core.state_dict import parse_state_dict
 from . import file_format
@@ -321,7 +322,7 @@ def _check_like(saved: Any, live: Any, what: str, same_dtype: bool = True) -> No
     if not same_dtype:
         return
     saved_dtype = str(np.asarray(saved).dtype)
-    live_dtype = str(live.dtype).replace("paddle.", "")
+    live_dtype = dtype_name(live.dtype)
     # NumPy has no bfloat16: Paddle hands its bits over as uint16.
     if saved_dtype != live_dtype and not (live_dtype == "bfloat16" and saved_dtype == "uint16"):
         raise ValueError(f"{what} is {saved_dtype} in the checkpoint, {live_dtype} here")

@@ -37,19 +37,24 @@ C_ops: Any = paddle._C_ops
 
 # Whether the unscale kernel takes a tensor with no elements (the facts above).
 TAKES_EMPTY = not paddle.__version__.startswith("2.")
-Groups = Mapping[Any, Sequence[Tensor]]
+# Gradients by the name of their dtype (``dtype_name``).
+Groups = Mapping[str, Sequence[Tensor]]
+
+
+def dtype_name(dtype: Any) -> str:
+    """``"float32"`` for float32: compared, unlike a Paddle dtype, without a call into Paddle."""
+    return str(dtype).replace("paddle.", "")
 
 
 def unscale_and_check_(groups: Groups, scale: Tensor, all_finite: Tensor) -> Tensor:
     """Multiply the gradients of ``groups`` (``grads_by_dtype_of``) in place by 1/scale
     and check them for inf/nan, one launch per dtype. Returns the found-inf flag, a bool
     [1] tensor (``all_finite`` if nothing is checked)."""
-    scale = local(scale)
-    flags = [
-        C_ops.check_finite_and_unscale_(group, _scale_for(dtype, scale))[1]
-        for dtype, group in groups.items()
-    ]
-    return any_of(flags) if flags else all_finite
+    scale, found = local(scale), all_finite
+    for dtype, group in groups.items():
+        flag = C_ops.check_finite_and_unscale_(group, _scale_for(dtype, scale))[1]
+        found = flag if found is all_finite else C_ops.bitwise_or(found, flag)
+    return found
 
 
 # float16's smallest normal magnitude: below it, and above 0, lie its subnormals.
@@ -98,18 +103,18 @@ def zero_if_found_(groups: Groups, found_inf: Tensor, stand_in: Callable[[Any], 
     found_inf = local(found_inf)
     for dtype, group in groups.items():
         # stop_update=True: it only zeroes, but still wants a compute-dtype scale and counters.
-        scale = stand_in(paddle.float64 if dtype == paddle.float64 else paddle.float32)
+        scale = stand_in(paddle.float64 if dtype == "float64" else paddle.float32)
         counter = stand_in(paddle.int32)
         C_ops.update_loss_scaling_(group, found_inf, scale, counter, counter, 1, 1, 2.0, 0.5, True)
 
 
-def grads_by_dtype_of(grads: Iterable[Tensor | None]) -> dict[Any, list[Tensor]]:
-    """Gradients grouped by (Paddle) dtype in parameter order, leaving out ``None`` (and
+def grads_by_dtype_of(grads: Iterable[Tensor | None]) -> dict[str, list[Tensor]]:
+    """Gradients grouped by dtype (``Groups``) in parameter order, leaving out ``None`` (and
     empty ones where the kernel refuses them): Paddle's kernels take one dtype per call.
     Of a dist gradient, the shard this rank holds."""
-    groups: dict[Any, list[Tensor]] = {}
-    # Hashing a Paddle dtype costs half a microsecond; neighbours mostly share one,
-    # and Paddle 3 returns the same dtype object for each.
+    groups: dict[str, list[Tensor]] = {}
+    # Naming a Paddle dtype costs half a microsecond; neighbours mostly share one, and
+    # Paddle 3.3 returns the same dtype object for each.
     last_dtype, last_group = None, []
     for grad in grads:
         if grad is not None and grad.is_dist():
@@ -119,7 +124,7 @@ def grads_by_dtype_of(grads: Iterable[Tensor | None]) -> dict[Any, list[Tensor]]
         if grad is not None and (TAKES_EMPTY or 0 not in grad.shape):
             dtype = grad.dtype
             if dtype is not last_dtype:
-                last_dtype, last_group = dtype, groups.setdefault(dtype, [])
+                last_dtype, last_group = dtype, groups.setdefault(dtype_name(dtype), [])
             last_group.append(grad)
     return groups
 
@@ -130,8 +135,8 @@ def is_checked(grad: Tensor | None) -> TypeGuard[Tensor]:
     return grad is not None and 0 not in grad.shape
 
 
-def _scale_for(dtype: Any, scale: Tensor) -> Tensor:
-    return scale.astype(paddle.float64) if dtype == paddle.float64 else scale
+def _scale_for(dtype: str, scale: Tensor) -> Tensor:
+    return scale.astype(paddle.float64) if dtype == "float64" else scale
 
 
 def scaled(tensor: Tensor, scale: Tensor) -> Tensor:
@@ -146,7 +151,7 @@ def scaled(tensor: Tensor, scale: Tensor) -> Tensor:
 def unscaled(tensor: Tensor, scale: Tensor) -> Tensor:
     """A new tensor holding ``tensor * (1 / scale)`` in ``tensor``'s dtype, as the unscale
     kernel computes it (float16 and bfloat16 through float32)."""
-    inverse = paddle.reciprocal(_scale_for(tensor.dtype, local(scale))).reshape([])
+    inverse = paddle.reciprocal(_scale_for(dtype_name(tensor.dtype), local(scale))).reshape([])
     if tensor.dtype in (paddle.float16, paddle.bfloat16):
         return (tensor.astype(paddle.float32) * inverse).astype(tensor.dtype)
     return tensor * inverse

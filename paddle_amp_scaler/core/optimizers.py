@@ -47,10 +47,10 @@ def check_optimizer(optimizer: Any, caller: str, method: str = "step") -> None:
 
 
 def parameters_of(optimizer: Any) -> list[Any]:
-    """The parameters an optimizer updates, across its parameter groups; a wrapper's are
-    those of the optimizer it drives, unless it lists its own. ``TypeError`` for an object
-    with no parameter list; ``ValueError`` for an empty one (Paddle's own answers to that
-    range from an IndexError deep in Adam to a step that silently does nothing)."""
+    """The parameters an optimizer updates, across its parameter groups (else its own list, to
+    read only); a wrapper's are those of the optimizer it drives, unless it lists its own.
+    ``TypeError`` for an object with no parameter list; ``ValueError`` for an empty one (Paddle's
+    own answers to that range from an IndexError deep in Adam to a step that does nothing)."""
     owner = first_wrapped(optimizer, _lists_parameters)
     if owner is None:
         raise TypeError(
@@ -58,7 +58,7 @@ def parameters_of(optimizer: Any) -> list[Any]:
             f"got {type(optimizer).__name__} with no parameter list"
         )
     groups = _dict_groups(owner)
-    params = [p for g in groups for p in g["params"]] if groups else list(owner._parameter_list)
+    params = [p for g in groups for p in g["params"]] if groups else owner._parameter_list
     if not params:
         raise ValueError(
             f"the {type(optimizer).__name__} optimizer has no parameters to update: build "
@@ -83,19 +83,25 @@ def grads_of(params: Sequence[Tensor]) -> list[Tensor | None]:
     return grads
 
 
-def grads_by_dtype(params: Sequence[Tensor]) -> tuple[dict[Any, list[Tensor]], Any]:
+def grads_by_dtype(params: Sequence[Tensor]) -> tuple[dict[str, list[Tensor]], Any]:
     """``grads_of(params)`` grouped as the kernels take them (``kernels.grads_by_dtype_of``),
     and the process mesh of the ranks that hold them (``distributed.mesh_of``). Where every
     parameter has a float16, bfloat16 or float32 gradient of its own, dense (on no mesh),
     one C++ call groups them, as Paddle's scaler fetches them: on the cold cache a backward
-    leaves, reading each gradient's dtype in Python costs more than the call."""
+    leaves, each read of a gradient in Python costs more than the call."""
     if kernels.TAKES_EMPTY:
-        groups = [group for group in _eager.get_grads_lists(params) if group]
+        groups, listed = {}, 0
+        # Its lists, in their order: float16, bfloat16, float32.
+        for dtype, group in zip(("float16", "bfloat16", "float32"), _eager.get_grads_lists(params)):
+            if group:
+                groups[dtype], listed = group, listed + len(group)
         # Each parameter gives at most one: as many as parameters, each gave its own.
-        if sum(map(len, groups)) == len(params) and not any(
-            param.is_dist() or getattr(param, "main_grad", None) is not None for param in params
-        ):
-            return {group[0].dtype: group for group in groups}, None
+        if listed == len(params):
+            for param in params:
+                if param.is_dist() or getattr(param, "main_grad", None) is not None:
+                    break
+            else:
+                return groups, None
     grads = grads_of(params)
     return kernels.grads_by_dtype_of(grads), distributed.mesh_of(grads)
 
@@ -182,12 +188,6 @@ class OptimizerRecord:
             raise KeyError(key)
         self.stage = value
 
-    def unscaled(self, verdict: Verdict, params: list[Any] | None, groups: kernels.Groups) -> None:
-        """Record what an unscale found in ``groups``, the gradients of ``params``."""
-        self.verdict, self.params, self.groups = verdict, params, groups
-        self.checked = bool(groups)
-        self.stage = OptimizerState.UNSCALED
-
     def refuse_unscale(self) -> None:
         if self.stage is OptimizerState.UNSCALED:
             raise RuntimeError(
@@ -231,7 +231,7 @@ def step_or_skip(
         # the optimizer, which then reads no flag.
         return (SKIPPED if verdict.on_host else run_step()), verdict.on_host
     flag = cast(Tensor, verdict.flag)
-    if zero_grads_make_no_update(optimizer, record.params):
+    if type(optimizer) is paddle.optimizer.SGD and sgd_ignores_zero_grads(optimizer, record.params):
         # Zeroed on the device where inf/nan was found, the gradients make the step
         # p - lr * 0 == p, with no read at all.
         groups = record.groups
@@ -268,17 +268,17 @@ def step_or_skip(
     return (SKIPPED if found else run_step()), found
 
 
-def zero_grads_make_no_update(optimizer: Any, params: list[Any] | None = None) -> bool:
-    """True when a step of ``optimizer`` with all-zero gradients leaves every parameter
-    (``params``, its own if None) bit for bit as it was: Paddle's plain SGD with no weight
-    decay, no regularizer and no clip but Paddle's own (which map zero to zero)."""
-    if type(optimizer) is not paddle.optimizer.SGD or optimizer.regularization is not None:
+def sgd_ignores_zero_grads(sgd: Any, params: list[Any] | None) -> bool:
+    """True when a step of Paddle's SGD ``sgd`` with all-zero gradients leaves every parameter
+    (``params``, its own if None) bit for bit as it was: one with no weight decay, no
+    regularizer and no clip but Paddle's own (which map zero to zero)."""
+    if sgd.regularization is not None:
         return False
-    groups = _dict_groups(optimizer)
-    clips = [optimizer._grad_clip] + [group.get("grad_clip") for group in groups]
+    groups = _dict_groups(sgd)
+    clips = [sgd._grad_clip] + [group.get("grad_clip") for group in groups]
     if any(clip is not None and type(clip) not in _CLIPS_THAT_KEEP_ZERO for clip in clips):
         return False
     if any(group.get("weight_decay") is not None for group in groups):
         return False
-    params = parameters_of(optimizer) if params is None else params
+    params = parameters_of(sgd) if params is None else params
     return all(getattr(param, "regularizer", None) is None for param in params)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -17,6 +18,7 @@ import paddle
 from paddle import Tensor
 
 from . import kernels, validation
+from .kernels import dtype_name
 from .pickling import TensorsOnHost
 
 logger = logging.getLogger("paddle_amp_scaler")
@@ -117,7 +119,7 @@ class OverflowRecorder:
         for (param, dtype), (inf, nan) in zip(owners, counts):
             if inf or nan:
                 name, shape = self.names.get(param.name, param.name), tuple(param.shape)
-                entry = OverflowEntry(name, shape, _name_of(dtype), inf, nan, iteration)
+                entry = OverflowEntry(name, shape, kernels.dtype_name(dtype), inf, nan, iteration)
                 overflowed.append((param, entry))
         if overflowed:
             self._last = sorted(overflowed, key=lambda kept: -(kept[1].num_inf + kept[1].num_nan))
@@ -155,10 +157,6 @@ class OverflowRecorder:
         ]
 
 
-def _name_of(dtype: Any) -> str:
-    return str(dtype).replace("paddle.", "")
-
-
 def _keys(owners: list[tuple[Any, ...]]) -> list[int]:
     return [owner if isinstance(owner, int) else id(owner) for owner, _, _ in owners]
 
@@ -181,11 +179,11 @@ class Measurements(TensorsOnHost):
         self._owners: list[tuple[Any, ...]] = []
         self._table: Tensor | None = None
 
-    def add(self, params: list[Any] | None, grads: list[Tensor | None], table: Tensor) -> None:
+    def add(self, params: list[Any] | None, grads: Sequence[Tensor | None], table: Tensor) -> None:
         """Keep one unscale's table until the iteration's end."""
         shards = [kernels.held(grad) for grad in grads]
         owners = [
-            (index if params is None else params[index], tuple(shard.shape), _name_of(shard.dtype))
+            (params[index] if params else index, tuple(shard.shape), dtype_name(shard.dtype))
             for index, shard in enumerate(shards)
             if kernels.is_checked(shard)
         ]
@@ -194,8 +192,10 @@ class Measurements(TensorsOnHost):
     def end_iteration(self, found: bool | Tensor, amax: Tensor | None) -> None:
         """Keep this iteration's measurement where it was finite, decided on the device;
         its amax the one the ranks agreed (``amax``), where they did."""
+        if not self._pending:
+            return
         pending, self._pending = self._pending, []
-        if not pending or found is True:
+        if found is True:
             return
         table = paddle.concat([table for _, table in pending])
         owners = [owner for unscale_owners, _ in pending for owner in unscale_owners]

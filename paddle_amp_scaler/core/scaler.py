@@ -190,7 +190,9 @@ class AmpScaler(TensorsOnHost):
         if not self._enable:
             optimizers.refuse_without_parameters(optimizer)
             return
-        self._unscale_and_record(optimizer, self._optimizer_states[id(optimizer)])
+        record = self._optimizer_states[id(optimizer)]
+        record.refuse_unscale()
+        self._unscale_and_record(optimizer, record)
 
     def minimize(self, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
         """Unscale (unless done), ``optimizer.minimize(*args, **kwargs)`` unless inf/nan was found,
@@ -206,12 +208,10 @@ class AmpScaler(TensorsOnHost):
     def _unscale(self, optimizer: Any) -> None:
         """Unscale and check one optimizer's gradients, the verdict in ``_found_inf``. Paddle's
         name, reached through the instance: wrappers replace it (fleet's ``distributed_scaler``)."""
-        if not self._enable:
-            return
-        record = self._optimizer_states[id(optimizer)]
-        record.refuse_unscale()
-        params = optimizers.parameters_of(optimizer)
-        self._check_gradients(record, params, self._counted_grads(params))
+        if self._enable:
+            record = self._optimizer_states[id(optimizer)]
+            record.refuse_unscale()
+            self._check_gradients(record, optimizer)
 
     # -- the extension interface (EXTENSION_INTERFACE) -----------------------------------
     def _step_optimizer(
@@ -229,12 +229,14 @@ class AmpScaler(TensorsOnHost):
             optimizers.refuse_without_parameters(optimizer)
             return run_step()
         record = self._optimizer_states[id(optimizer)]
-        record.refuse_step()
         if given_grads is not None:
+            record.refuse_step()
             record.refuse_unscale()
-            self._check_gradients(record, None, list(given_grads), true=True)
+            self._check_gradients(record, true_grads=given_grads)
         elif record.stage is OptimizerState.INIT:
             self._unscale_and_record(optimizer, record)
+        else:
+            record.refuse_step()  # past unscale_() it steps; stepped, it is refused
         if not record.checked:
             try:
                 self._nothing_checked(optimizer)
@@ -247,7 +249,7 @@ class AmpScaler(TensorsOnHost):
             optimizer, run_step, record, self._rule, self._noted_types
         )
         if on_host is not None:
-            verdict = record.verdict = verdict._replace(on_host=on_host)
+            verdict = record.verdict = Verdict(verdict.flag, on_host, verdict.amax)
         record.stage = OptimizerState.STEPPED
         self._found_inf = verdict.flag
         self._cache_found_inf = verdict.found
@@ -320,15 +322,16 @@ class AmpScaler(TensorsOnHost):
         }
 
     def _unscale_and_record(self, optimizer: Any, record: OptimizerRecord) -> None:
-        record.refuse_unscale()
+        if "_unscale" not in vars(self):  # not replaced: ours, without its lookups
+            self._check_gradients(record, optimizer)
+            return
         # fleet's and shard_scaler's _unscale neither measure nor count: here, before they write.
+        params = optimizers.parameters_of(optimizer)
+        grads = self._counted_grads(params)
+        table = None if grads is None else self._measure(params, grads)
         amax = None
-        if "_unscale" in vars(self):
-            params = optimizers.parameters_of(optimizer)
-            grads = self._counted_grads(params)
-            table = None if grads is None else self._measure(params, grads)
-            if grads is not None and table is not None:
-                amax = self._sync.largest(kernels.amax_in(table), distributed.mesh_of(grads))
+        if grads is not None and table is not None:
+            amax = self._sync.largest(kernels.amax_in(table), distributed.mesh_of(grads))
         self._unscale(optimizer)
         verdict = record.verdict
         if verdict is None or verdict.flag is not self._found_inf:
@@ -341,7 +344,7 @@ class AmpScaler(TensorsOnHost):
             record.stage = OptimizerState.UNSCALED
 
     def _measures_now(self) -> bool:
-        return self._rule.measures(self._run.iterations + 1)
+        return self._loss_scale.rule.measures(self._run.iterations + 1)
 
     def _counted_grads(self, params: list[Any]) -> list[Tensor | None] | None:
         """Each parameter's gradient where they are counted (here, before an unscale writes
@@ -354,7 +357,7 @@ class AmpScaler(TensorsOnHost):
         return grads
 
     def _measure(
-        self, params: list[Any] | None, grads: list[Tensor | None], times: Tensor | None = None
+        self, params: list[Any] | None, grads: Sequence[Tensor | None], times: Tensor | None = None
     ) -> Tensor | None:
         """Where measured, ``kernels.measure``'s table of ``grads``, kept for the iteration end."""
         if not self._measures_now():
@@ -365,18 +368,15 @@ class AmpScaler(TensorsOnHost):
         return table
 
     def _check_gradients(
-        self,
-        record: OptimizerRecord,
-        params: list[Any] | None,
-        grads: list[Tensor | None] | None,
-        *,
-        true: bool = False,
+        self, record: OptimizerRecord, optimizer: Any = None, true_grads: Sequence[Tensor] = ()
     ) -> None:
-        """Unscale ``grads`` (None: those of ``params``, fetched at once) in place and check them
-        for inf/nan, measured first where the rule asks (the unscale writes them). ``true``
-        gradients are measured as if scaled, and unscaled by exactly 1, which only checks them."""
+        """Unscale the gradients of ``optimizer`` (its record's stage allows it) in place and
+        check them for inf/nan, measured first where the rule asks (the unscale writes them); or
+        check ``true_grads``, measured as if scaled, and unscaled by 1, which only checks them."""
         scale = self._loss_scale.scale
-        times, divisor = (scale, paddle.ones_like(scale)) if true else (None, scale)
+        params = None if optimizer is None else optimizers.parameters_of(optimizer)
+        grads = list(true_grads) if params is None else self._counted_grads(params)
+        times, divisor = (scale, paddle.ones_like(scale)) if params is None else (None, scale)
         if grads is None:  # neither counted nor measured: grouped at the least cost
             table, (groups, mesh) = None, optimizers.grads_by_dtype(cast("list[Any]", params))
         else:
@@ -386,7 +386,8 @@ class AmpScaler(TensorsOnHost):
         # Agreed before any rank decides: all then skip, update and count alike.
         flag, amax = self._sync.agree(flag, kernels.amax_in(table), mesh)
         self._found_inf = flag
-        record.unscaled(Verdict(flag, amax=amax), params, groups)
+        record.verdict, record.params, record.groups = Verdict(flag, amax=amax), params, groups
+        record.checked, record.stage = bool(groups), OptimizerState.UNSCALED
 
     # -- Paddle's getters and setters ------------------------------------------------
     # Each read is a device sync, outside a step: the scaler itself never reads.
