@@ -57,7 +57,7 @@ def test_modules_outside_the_core_use_only_the_seam(path):
 # lists the same ("What a face may use"). The rest of the core is the scaler's own.
 CORE_MODULES_FOR_FACES = {
     "scaler": "AmpScaler and GradScaler",
-    "kernels": "scale and unscale out of place: operations faces share",
+    "kernels": "scale and unscale out of place, a dtype's name: what faces share",
     "optimizers": "an optimizer's parameters, and the TypeError for what is no optimizer",
     "validation": "the shared argument checks, one message each, and FLOAT16_MAX",
     "state_dict": "parse_state_dict: a saved dict checked before anything loads",
