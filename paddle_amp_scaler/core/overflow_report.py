@@ -119,7 +119,7 @@ class OverflowRecorder:
         for (param, dtype), (inf, nan) in zip(owners, counts):
             if inf or nan:
                 name, shape = self.names.get(param.name, param.name), tuple(param.shape)
-                entry = OverflowEntry(name, shape, kernels.dtype_name(dtype), inf, nan, iteration)
+                entry = OverflowEntry(name, shape, dtype_name(dtype), inf, nan, iteration)
                 overflowed.append((param, entry))
         if overflowed:
             self._last = sorted(overflowed, key=lambda kept: -(kept[1].num_inf + kept[1].num_nan))

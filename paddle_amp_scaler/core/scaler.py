@@ -322,7 +322,7 @@ class AmpScaler(TensorsOnHost):
         }
 
     def _unscale_and_record(self, optimizer: Any, record: OptimizerRecord) -> None:
-        if "_unscale" not in vars(self):  # not replaced: ours, without its lookups
+        if "_unscale" not in vars(self):  # ours: its work, less the lookup and refusal made
             self._check_gradients(record, optimizer)
             return
         # fleet's and shard_scaler's _unscale neither measure nor count: here, before they write.
@@ -371,8 +371,8 @@ class AmpScaler(TensorsOnHost):
         self, record: OptimizerRecord, optimizer: Any = None, true_grads: Sequence[Tensor] = ()
     ) -> None:
         """Unscale the gradients of ``optimizer`` (its record's stage allows it) in place and
-        check them for inf/nan, measured first where the rule asks (the unscale writes them); or
-        check ``true_grads``, measured as if scaled, and unscaled by 1, which only checks them."""
+        check them for inf/nan, measured first where the rule asks (the unscale writes them).
+        Or ``true_grads``: measured as if scaled, unscaled by exactly 1, which only checks them."""
         scale = self._loss_scale.scale
         params = None if optimizer is None else optimizers.parameters_of(optimizer)
         grads = list(true_grads) if params is None else self._counted_grads(params)
