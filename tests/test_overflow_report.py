@@ -4,6 +4,8 @@ skipped iteration, at one device read per iteration."""
 
 import logging
 import math
+import pathlib
+import re
 
 import numpy as np
 import paddle
@@ -122,6 +124,21 @@ def test_each_skipped_iteration_is_logged_with_up_to_five_names(caplog):
     message = record.getMessage()
     assert message.startswith("iteration 2 skipped: inf/nan in ")
     assert message.count("(1 inf, 0 nan)") == 5 and message.endswith("and 3 more")
+
+
+def test_the_monitoring_pages_sample_line_is_where_the_scaler_logs_it(caplog):
+    # docs/monitoring.md shows the line in Paddle's format, source file and line included.
+    page = pathlib.Path(__file__).parent.parent / "docs" / "monitoring.md"
+    shown = re.search(
+        r"\] (\w+\.py):(\d+) - (iteration \d+ skipped: inf/nan in )", page.read_text()
+    )
+    scaler, model, optimizer = setup()
+    with caplog.at_level(logging.WARNING, logger="paddle_amp_scaler"):
+        iteration(scaler, model, optimizer, {"0.weight": (1, 0)})
+    (record,) = [r for r in caplog.records if "skipped" in r.getMessage()]
+    assert shown is not None
+    assert (shown[1], int(shown[2])) == (record.filename, record.lineno)
+    assert record.getMessage().startswith(shown[3])
 
 
 def test_given_the_model_the_log_line_and_the_report_say_the_same_names(caplog):
