@@ -50,11 +50,12 @@ def unscale_and_check_(groups: Groups, scale: Tensor, all_finite: Tensor) -> Ten
     """Multiply the gradients of ``groups`` (``grads_by_dtype_of``) in place by 1/scale
     and check them for inf/nan, one launch per dtype. Returns the found-inf flag, a bool
     [1] tensor (``all_finite`` if nothing is checked)."""
-    scale, found = local(scale), all_finite
-    for dtype, group in groups.items():
-        flag = C_ops.check_finite_and_unscale_(group, _scale_for(dtype, scale))[1]
-        found = flag if found is all_finite else C_ops.bitwise_or(found, flag)
-    return found
+    scale = local(scale)
+    flags = [
+        C_ops.check_finite_and_unscale_(group, _scale_for(dtype, scale))[1]
+        for dtype, group in groups.items()
+    ]
+    return any_of(flags) if flags else all_finite
 
 
 # float16's smallest normal magnitude: below it, and above 0, lie its subnormals.

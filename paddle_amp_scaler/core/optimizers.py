@@ -231,7 +231,7 @@ def step_or_skip(
         # the optimizer, which then reads no flag.
         return (SKIPPED if verdict.on_host else run_step()), verdict.on_host
     flag = cast(Tensor, verdict.flag)
-    if type(optimizer) is paddle.optimizer.SGD and sgd_ignores_zero_grads(optimizer, record.params):
+    if zero_grads_make_no_update(optimizer, record.params):
         # Zeroed on the device where inf/nan was found, the gradients make the step
         # p - lr * 0 == p, with no read at all.
         groups = record.groups
@@ -268,17 +268,17 @@ def step_or_skip(
     return (SKIPPED if found else run_step()), found
 
 
-def sgd_ignores_zero_grads(sgd: Any, params: list[Any] | None) -> bool:
-    """True when a step of Paddle's SGD ``sgd`` with all-zero gradients leaves every parameter
-    (``params``, its own if None) bit for bit as it was: one with no weight decay, no
-    regularizer and no clip but Paddle's own (which map zero to zero)."""
-    if sgd.regularization is not None:
+def zero_grads_make_no_update(optimizer: Any, params: list[Any] | None) -> bool:
+    """True when a step of ``optimizer`` with all-zero gradients leaves every parameter
+    (``params``, its own if None) bit for bit as it was: Paddle's plain SGD with no weight
+    decay, no regularizer and no clip but Paddle's own (which map zero to zero)."""
+    if type(optimizer) is not paddle.optimizer.SGD or optimizer.regularization is not None:
         return False
-    groups = _dict_groups(sgd)
-    clips = [sgd._grad_clip] + [group.get("grad_clip") for group in groups]
+    groups = _dict_groups(optimizer)
+    clips = [optimizer._grad_clip] + [group.get("grad_clip") for group in groups]
     if any(clip is not None and type(clip) not in _CLIPS_THAT_KEEP_ZERO for clip in clips):
         return False
     if any(group.get("weight_decay") is not None for group in groups):
         return False
-    params = parameters_of(sgd) if params is None else params
+    params = parameters_of(optimizer) if params is None else params
     return all(getattr(param, "regularizer", None) is None for param in params)
