@@ -413,9 +413,9 @@ def main(argv=None):
                 # Beside the loss: train/loss_scale, train/skipped, train/skip_streak, ...
                 log_stats(run.writer, run.scaler, done, prefix="train/")
     progress.close()
-    for run in runs:
-        if run.writer is not None:
-            run.writer.close()
+    logged = [run for run in runs if run.writer is not None]
+    for run in logged:
+        run.writer.close()
     elapsed = time.perf_counter() - started
 
     if last < total_steps:
@@ -434,7 +434,7 @@ def main(argv=None):
     print(
         f"{elapsed:.1f}s on {'GPU' if on_gpu else 'CPU'}{' (fp16 emulated)' if emulate else ''}"
         + (f" | figure {args.plot}" if args.plot else "")
-        + (f" | VisualDL log {args.visualdl_dir}" if args.visualdl_dir else "")
+        + (f" | VisualDL log {args.visualdl_dir}" if logged else "")
     )
     return accuracies
 

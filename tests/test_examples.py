@@ -136,6 +136,16 @@ def test_a_second_run_replaces_the_first_runs_visualdl_record(digits, tmp_path):
         assert steps == list(range(1, 45)), "one run's 44 steps, once each"
 
 
+def test_without_visualdl_the_summary_names_no_log(digits, tmp_path, monkeypatch, capsys):
+    # None in sys.modules: `from visualdl import LogWriter` raises ImportError, as uninstalled.
+    monkeypatch.setitem(sys.modules, "visualdl", None)
+    logs = tmp_path / "vdl"
+    digits.main(["--no-progress", "--plot", "", "--visualdl-dir", str(logs), "--epochs", "2"])
+    out = capsys.readouterr().out
+    assert "VisualDL is not installed (pip install visualdl): no log written" in out
+    assert "VisualDL log" not in out.splitlines()[-1] and not logs.exists()
+
+
 def test_resumed_run_ends_with_the_uninterrupted_parameters(digits, tmp_path):
     from paddle_amp_scaler import read_checkpoint
 
