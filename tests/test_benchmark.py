@@ -305,9 +305,7 @@ ABLATION_SCRIPT = os.path.join(REPO, "benchmarks", "floor_ablation.py")
 
 def test_the_floor_ablation_times_every_variant():
     # A piece of the package it cuts, renamed, fails the run (and so this test).
-    result = run_script(
-        ABLATION_SCRIPT, "--workloads", "4x4K,2x4K", "--rounds", 3, "--repeats", 1
-    )
+    result = run_script(ABLATION_SCRIPT, "--workloads", "4x4K,2x4K", "--rounds", 3, "--repeats", 1)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     header, *rows = result.stdout.splitlines()[1:]
     assert header.split("  ")[0] == "workload"
