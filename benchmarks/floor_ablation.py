@@ -106,10 +106,10 @@ def variant_packages() -> dict:
     root = tempfile.mkdtemp(prefix="floor-ablation-")
     sys.path.insert(0, root)
     packages = {}
-    for index, (name, cut) in enumerate(VARIANTS.items()):
+    for index, (name, make_variant) in enumerate(VARIANTS.items()):
         shutil.copytree(source, os.path.join(root, f"ablation_{index}"))
         packages[name] = importlib.import_module(f"ablation_{index}")
-        cut(packages[name])
+        make_variant(packages[name])
     return packages
 
 
