@@ -322,7 +322,7 @@ class AmpScaler(TensorsOnHost):
         }
 
     def _unscale_and_record(self, optimizer: Any, record: OptimizerRecord) -> None:
-        if "_unscale" not in vars(self):  # ours: its work, less the lookup and refusal made
+        if "_unscale" not in vars(self):  # not replaced: its work; the caller has refused misuse
             self._check_gradients(record, optimizer)
             return
         # fleet's and shard_scaler's _unscale neither measure nor count: here, before they write.
