@@ -6,7 +6,7 @@ VENV := .venv-paddle$(PADDLE)
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-long test-matrix lint docs docs-output docs-figures dist venv clean
+.PHONY: demo test test-long test-matrix lint docs docs-output docs-drift docs-figures dist venv clean
 
 venv: $(STAMP)
 
@@ -35,8 +35,11 @@ demo: $(STAMP)
 	$(PY) examples/train_digits.py
 
 # The whole suite, on Paddle's kernels: the path every device takes, a CPU's included.
+# Two workers (pytest-xdist), each taking the next test as it finishes one: on two cores
+# the suite takes half the time. More workers would start more of Paddle's launchers at
+# once than the suite has been tried with.
 test: $(STAMP) lint docs
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n 2 --dist worksteal tests
 
 # The whole suite against every Paddle release on PyPI from 2.6.2 on (not part of CI,
 # which keeps the newest and the oldest); each version gets its own environment.
@@ -61,6 +64,11 @@ docs: $(STAMP)
 # The outputs the pages show, run again and written into them (tools/docs_outputs.py).
 docs-output: $(STAMP)
 	$(PY) tools/docs_outputs.py
+
+# How far each number those outputs print moves when a run drifts, as on another
+# processor (every weight started one float step off): what a block's drifts must cover.
+docs-drift: $(STAMP)
+	$(PY) tools/docs_outputs.py --measure
 
 # The pages' figures of the demo, from one run of it: its own figure, and VisualDL's page
 # for the run photographed by headless Chromium (apt-get install chromium). Run it whenever

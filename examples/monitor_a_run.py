@@ -20,10 +20,10 @@ from paddle_amp_scaler.testing import emulate_fp16_grads
 
 from _common import mlp, parse_steps, toy_batches
 
+steps = parse_steps(__doc__)
 # Paddle puts a handler of its own on the root logger when it is imported: basicConfig
 # changes the format only with force=True, which replaces it.
 logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s", force=True)
-steps = parse_steps(__doc__)
 paddle.seed(0)  # the same weights every run: docs/monitoring.md shows this run's output
 model = mlp()
 emulate_fp16_grads(model)

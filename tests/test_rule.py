@@ -20,6 +20,8 @@ from paddle_amp_scaler.core.validation import FLOAT16_MAX, FLOAT32_MAX
 
 from reference_rule import headroom_adjust, reference_adjust
 
+FLOAT32_TINY = float(np.finfo(np.float32).tiny)
+
 
 def at(scale, incr=0, decr=0):
     return Memory(np.float32(scale), incr, decr)
@@ -158,6 +160,23 @@ def read(tensors):
     )
 
 
+def same(got, expected):
+    """The device's memory against the reference's: each counter exactly, each float to
+    within rounding. Paddle's CPU kernels do not always divide to the correctly rounded
+    float NumPy gives: on some processors (AVX-512) a quotient is an ulp off, and below
+    float32's smallest normal number (a peak at a scale near float32's largest) a kernel
+    may flush to zero. Any choice the rule makes still shows whole: a scale a growth or a
+    backoff away, a counter."""
+    for field in dataclasses.fields(expected):
+        held, wanted = getattr(got, field.name), getattr(expected, field.name)
+        if field.name not in expected.FLOATS:
+            if held != wanted:
+                return False
+        elif held != wanted and not np.isclose(held, wanted, rtol=2.0**-20, atol=FLOAT32_TINY):
+            return False
+    return True
+
+
 RULES = st.builds(
     IntervalRule,
     incr_ratio=st.sampled_from([2.0, 3.0, 1.5]),
@@ -186,8 +205,8 @@ def test_the_device_form_follows_adjust_on_long_sequences(rule, start, founds):
     for step, found in enumerate(founds):
         acted = rule.adjust_(tensors, paddle.to_tensor([found]))
         expected, expected_acted = rule.adjust(expected, found)
-        got = (read(tensors), bool(acted.numpy()[0]))
-        assert got == (expected, expected_acted), f"step {step}: {rule}"
+        assert same(read(tensors), expected), f"step {step}: {rule}"
+        assert bool(acted.numpy()[0]) == expected_acted, f"step {step}: {rule}"
 
 
 # -- the headroom policy ---------------------------------------------------------------------
@@ -204,9 +223,9 @@ def headroom_step(rule, memory, found, amax=None, iteration=0):
         None if amax is None else paddle.to_tensor([amax], dtype="float32"),
         iteration,
     )
-    got = (read(tensors), bool(acted.numpy()[0]))
-    assert got == headroom_adjust(rule, memory, found, amax, iteration)
-    return got
+    expected, expected_acted = headroom_adjust(rule, memory, found, amax, iteration)
+    assert same(read(tensors), expected) and bool(acted.numpy()[0]) == expected_acted
+    return expected, expected_acted
 
 
 def test_headroom_calibrates_the_start_in_a_few_iterations():
@@ -365,8 +384,8 @@ def test_the_headroom_device_form_follows_adjust_on_long_sequences(rule, start, 
             iteration,
         )
         expected, expected_acted = reference_adjust(rule, expected, found, amax, iteration)
-        got = (read(tensors), bool(acted.numpy()[0]))
-        assert got == (expected, expected_acted), f"iteration {iteration}: {rule}"
+        assert same(read(tensors), expected), f"iteration {iteration}: {rule}"
+        assert bool(acted.numpy()[0]) == expected_acted, f"iteration {iteration}: {rule}"
 
 
 # -- LossScale: counters on the host while the verdicts are there --------------------------
@@ -398,14 +417,14 @@ def test_loss_scale_follows_adjust_whether_verdicts_come_on_the_host_or_the_devi
         acted = acted if isinstance(acted, bool) else bool(acted.numpy()[0])
         assert acted == expected_acted, f"iteration {iteration}"
         if iteration % read_every == 0:
-            assert loss_scale.read()[0] == expected, f"iteration {iteration}"
+            assert same(loss_scale.read()[0], expected), f"iteration {iteration}"
         # The scale tensor is current at every iteration, read or not.
-        assert loss_scale.scale.numpy()[0] == expected.scale
+        assert np.isclose(loss_scale.scale.numpy()[0], expected.scale, rtol=2.0**-20)
     # A verdict known on the device only brings the device's counters up to date first.
     iteration = len(steps) + 1
     loss_scale.advance(Verdict(paddle.to_tensor([False])), iteration)
     expected, _ = reference_adjust(rule, expected, False, None, iteration)
-    assert read(loss_scale.memory) == expected
+    assert same(read(loss_scale.memory), expected)
 
 
 def test_verdicts_on_the_host_cost_no_device_operation_until_the_rule_acts():
