@@ -2,6 +2,11 @@ import os
 import sys
 import warnings
 
+# Paddle prints a note of its own on every import where OMP_NUM_THREADS is above 1, as a
+# user's shell may set it, and sets it to 1 where it is unset: the suite, and every
+# process it starts, runs as Paddle does by default, its outputs free of that note.
+os.environ.pop("OMP_NUM_THREADS", None)
+
 import paddle
 import pytest
 

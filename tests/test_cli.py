@@ -32,10 +32,7 @@ PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(paddle_amp_scal
 
 
 def run_cli(*args, cwd, env=None):
-    # Paddle's import prints a note of its own on stderr where OMP_NUM_THREADS is above 1,
-    # before anything the command says: the tests read the command's words alone.
-    unset = ("PYTHONPATH", "OMP_NUM_THREADS")
-    environment = {key: value for key, value in os.environ.items() if key not in unset}
+    environment = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
     environment.update(env or {}, PYTHONPATH=PACKAGE_PARENT)
     return subprocess.run(
         [sys.executable, "-m", "paddle_amp_scaler", *args],

@@ -21,6 +21,8 @@ from paddle_amp_scaler.core.validation import FLOAT16_MAX, FLOAT32_MAX
 from reference_rule import headroom_adjust, reference_adjust
 
 FLOAT32_TINY = float(np.finfo(np.float32).tiny)
+# A few float32 ulps: a quotient an ulp off, carried through the rule's products.
+ROUNDING = 2.0**-20
 
 
 def at(scale, incr=0, decr=0):
@@ -172,7 +174,7 @@ def same(got, expected):
         if field.name not in expected.FLOATS:
             if held != wanted:
                 return False
-        elif held != wanted and not np.isclose(held, wanted, rtol=2.0**-20, atol=FLOAT32_TINY):
+        elif held != wanted and not np.isclose(held, wanted, rtol=ROUNDING, atol=FLOAT32_TINY):
             return False
     return True
 
@@ -419,7 +421,7 @@ def test_loss_scale_follows_adjust_whether_verdicts_come_on_the_host_or_the_devi
         if iteration % read_every == 0:
             assert same(loss_scale.read()[0], expected), f"iteration {iteration}"
         # The scale tensor is current at every iteration, read or not.
-        assert np.isclose(loss_scale.scale.numpy()[0], expected.scale, rtol=2.0**-20)
+        assert np.isclose(loss_scale.scale.numpy()[0], expected.scale, rtol=ROUNDING)
     # A verdict known on the device only brings the device's counters up to date first.
     iteration = len(steps) + 1
     loss_scale.advance(Verdict(paddle.to_tensor([False])), iteration)

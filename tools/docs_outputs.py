@@ -65,7 +65,6 @@ PADDLE_LOG_LINE = re.compile(
     r"\[\d{4}-\d\d-\d\d [\d:,]+\] \[ *[A-Z]+\] "  # Paddle's Python loggers
     r"|[IWEF]\d{4} [\d:.]+ +\d+ \S+:\d+\] "  # glog, from Paddle's C++
     r"|=+( Modified FLAGS detected =+)?$|FLAGS\(name="  # the flags' banner
-    r"|WARNING: OMP_NUM_THREADS set to |PLEASE USE OMP_NUM_THREADS WISELY"  # where it is above 1
 )
 PYTHON_BLOCK = re.compile(r"^```python\n(?P<code>.*?)^```", re.S | re.M)
 
@@ -95,10 +94,10 @@ def run(
     unset = ("PYTHONPATH", "OMP_NUM_THREADS")
     environment = {key: value for key, value in os.environ.items() if key not in unset}
     # This checkout's package, wherever the command runs: a script or a fresh folder would
-    # otherwise find whatever copy is installed.
-    environment["PYTHONPATH"] = ROOT
+    # otherwise find whatever copy is installed. Nudged, the folder that nudges goes first.
+    paths = [ROOT] if nudged is None else [os.path.join(ROOT, "tools", "nudged"), ROOT]
+    environment["PYTHONPATH"] = os.pathsep.join(paths)
     if nudged is not None:
-        environment["PYTHONPATH"] = os.pathsep.join([os.path.join(ROOT, "tools", "nudged"), ROOT])
         environment["NUDGE_WEIGHTS"] = nudged
 
     def execute(arguments: list[str], cwd: str) -> subprocess.CompletedProcess[str]:
