@@ -59,7 +59,7 @@ from paddle.amp import grad_scaler as paddle_grad_scaler  # noqa: E402
 from paddle.amp.auto_cast import amp_global_state  # noqa: E402
 
 import paddle_amp_scaler  # noqa: E402
-from paddle_amp_scaler.core.statistics import RunStatistics  # noqa: E402
+from paddle_amp_scaler.core.monitoring import RunStatistics  # noqa: E402
 
 import figures  # noqa: E402  (benchmarks/figures.py, beside this script)
 
@@ -292,12 +292,12 @@ OPTIONS = {
 @contextlib.contextmanager
 def statistics_not_counted():
     # What the always-on statistics cost: ours-step with their recording stubbed out.
-    record = RunStatistics.record
-    RunStatistics.record = lambda self, found, acted: None
+    end_iteration = RunStatistics.end_iteration
+    RunStatistics.end_iteration = lambda self, end: None
     try:
         yield
     finally:
-        RunStatistics.record = record
+        RunStatistics.end_iteration = end_iteration
 
 
 def without_statistics(run):

@@ -41,21 +41,22 @@ def minimal_step(scaler, optimizer, verdict_type):
     optimizer.step()
     left = optimizer._get_auxiliary_var("found_inf")
     optimizer._set_auxiliary_var("found_inf", None)
-    record = scaler._optimizer_states[id(optimizer)]
-    record.verdict = verdict_type(found, left)
-    record.stage = paddle.amp.grad_scaler.OptimizerState.STEPPED
+    step = scaler._optimizer_states[id(optimizer)]
+    step.verdict = verdict_type(found, left)
+    step.stage = paddle.amp.grad_scaler.OptimizerState.STEPPED
 
 
 def minimal_step_of(pkg):
-    verdict_type = pkg.core.optimizers.Verdict
+    verdict_type = pkg.core.step.Verdict
     return lambda scaler, optimizer: minimal_step(scaler, optimizer, verdict_type)
 
 
 def minimal_update(scaler):
     # The rule's counters on the host from the one optimizer's verdict, nothing else.
-    record = scaler._optimizer_states.popitem()[1]
+    step = scaler._optimizer_states.popitem()[1]
     loss_scale = scaler._loss_scale
-    loss_scale._counters = loss_scale.rule.count(*loss_scale._counters, record.verdict.on_host)[:2]
+    counters = loss_scale.rule.count(*loss_scale.counters(), step.verdict.on_host)[:2]
+    loss_scale.set_counters(*counters)
 
 
 def one_launch_unscale(groups, scale, all_finite):

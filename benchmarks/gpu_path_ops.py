@@ -37,7 +37,7 @@ from counters import HostReadCounter, OperationCounter  # noqa: E402
 from paddle.amp.auto_cast import amp_global_state  # noqa: E402
 
 import paddle_amp_scaler  # noqa: E402
-from paddle_amp_scaler.core import headroom, statistics  # noqa: E402
+from paddle_amp_scaler.core import monitoring, rules  # noqa: E402
 
 import bench_scaler  # noqa: E402  (beside this script)
 
@@ -82,23 +82,23 @@ def standing_in_for_kernels_a_cpu_lacks():
     lacks: each call runs the float32 kernel once, on a stand-in, as the float16 call
     would run once on a GPU."""
     half = (paddle.float16, paddle.bfloat16)
-    stand_in = [paddle.zeros([1], dtype="float32")]
+    placeholder = [paddle.zeros([1], dtype="float32")]
     real_unscale = paddle._C_ops.check_finite_and_unscale_
     real_legacy_unscale = paddle._legacy_C_ops.check_finite_and_unscale
     real_update = paddle._C_ops.update_loss_scaling_
 
     def unscale(xs, scale):
         if xs[0].dtype in half:
-            return xs, real_unscale(stand_in, scale)[1]
+            return xs, real_unscale(placeholder, scale)[1]
         return real_unscale(xs, scale)
 
     def legacy_unscale(xs, scale, outs, found):
         if xs[0].dtype in half:
-            return real_legacy_unscale(stand_in, scale, stand_in, found)
+            return real_legacy_unscale(placeholder, scale, placeholder, found)
         return real_legacy_unscale(xs, scale, outs, found)
 
     def update(xs, *args):
-        return real_update(stand_in if xs[0].dtype in half else xs, *args)
+        return real_update(placeholder if xs[0].dtype in half else xs, *args)
 
     paddle._C_ops.check_finite_and_unscale_ = unscale
     paddle._legacy_C_ops.check_finite_and_unscale = legacy_unscale
@@ -200,9 +200,9 @@ def count_growth(kind: str) -> dict:
 
 
 def count_fold(kind: str) -> Count:
-    """Ours' iteration that adds up the statistics of the last ``statistics._FOLD_EVERY``
+    """Ours' iteration that adds up the statistics of the last ``monitoring._FOLD_EVERY``
     iterations (one optimizer, float32 gradients): its step, and the fold."""
-    every = statistics._FOLD_EVERY
+    every = monitoring._FOLD_EVERY
     params, optimizers = build(kind, ("float32",), 1)
     return run(ours(), params, optimizers, every, lambda i: i == every)
 
@@ -220,7 +220,7 @@ def policy_cases() -> list[PolicyCase]:
 def measured_iterations(iterations: int = HEADROOM_ITERATIONS) -> list[int]:
     """The iterations, of a run's first ``iterations``, in which the headroom policy
     measures the amax and runs its rule on the device."""
-    rule = headroom.HeadroomRule()
+    rule = rules.HeadroomRule()
     return [iteration for iteration in range(1, iterations + 1) if rule.measures(iteration)]
 
 
@@ -268,7 +268,7 @@ def main() -> int:
             f"  {kind}: Paddle's {counts['native'].operations} operations, ours "
             f"{counts['ours'].operations}: {counts['ours'].names}"
         )
-    print(f"\nThe iteration that adds up {statistics._FOLD_EVERY} iterations' statistics:")
+    print(f"\nThe iteration that adds up {monitoring._FOLD_EVERY} iterations' statistics:")
     for kind in OPTIMIZER_KINDS:
         fold = count_fold(kind)
         print(f"  {kind}: {fold.operations} operations, {fold.reads} reads: {fold.names}")

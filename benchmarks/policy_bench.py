@@ -44,7 +44,7 @@ import paddle  # noqa: E402
 
 import paddle_amp_scaler  # noqa: E402
 from paddle_amp_scaler import GradScaler  # noqa: E402
-from paddle_amp_scaler.core.headroom import HeadroomRule  # noqa: E402
+from paddle_amp_scaler.core.rules import HeadroomRule  # noqa: E402
 from paddle_amp_scaler.core.validation import FLOAT16_MAX  # noqa: E402
 from paddle_amp_scaler.testing import (  # noqa: E402
     UnderflowCensus,

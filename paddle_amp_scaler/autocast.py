@@ -56,7 +56,8 @@ class AutocastMode:
     @classmethod
     def current(cls) -> AutocastMode | None:
         """The dygraph mode; None while ``paddle.jit.to_static`` builds a program (no
-        tracer then: the program's own AMP passes decide the casts)."""
+        tracer then: the program's own AMP passes decide the casts).
+        """
         tracer = _dygraph_tracer()
         if tracer is None:
             return None
@@ -146,7 +147,8 @@ def custom_bwd(
     """Decorate a PyLayer's ``backward`` (below ``@staticmethod``), bare or called, whose
     forward has ``@custom_fwd``: backward runs under the autocast mode forward recorded,
     and each gradient it returns gets its input's dtype. ``device_type`` as for
-    ``custom_fwd``."""
+    ``custom_fwd``.
+    """
     _check_device_type(device_type)
     if backward is None:
         return functools.partial(custom_bwd, device_type=device_type)
@@ -181,7 +183,8 @@ def _check_device_type(device_type: Any) -> None:
 
 def _floating_dtype(value: Any) -> Any:
     """``cast_inputs`` as a Paddle dtype: any floating one (float64 too, as in PyTorch),
-    given as a Paddle dtype, a NumPy one or a name Paddle understands; else ValueError."""
+    given as a Paddle dtype, a NumPy one or a name Paddle understands; else ValueError.
+    """
     if isinstance(value, (str, np.dtype, type)):
         # NumPy has no bfloat16; Paddle's own name for it is the one string to add.
         if value == "bfloat16":
@@ -202,7 +205,8 @@ def _floating_dtype(value: Any) -> Any:
 
 def _gradient_slots(arguments: list[Any]) -> list[Any]:
     """The dtype of each argument that gets a gradient slot in PyLayer's backward: a
-    Tensor's dtype, or for a list/tuple holding Tensors the list of their dtypes."""
+    Tensor's dtype, or for a list/tuple holding Tensors the list of their dtypes.
+    """
     slots: list[Any] = []
     for argument in arguments:
         if isinstance(argument, Tensor):

@@ -35,7 +35,8 @@ def install(**defaults: Any) -> None:
     """Make ``paddle.amp.GradScaler`` and ``paddle.amp.AmpScaler`` this package's, with
     ``defaults`` (keyword arguments of their constructors, e.g. ``policy="headroom"``) as
     the defaults of the scalers built from then on. Idempotent; a bad default is a
-    ``ValueError`` here, naming it."""
+    ``ValueError`` here, naming it.
+    """
     classes = {name: _with_defaults(getattr(scaler, name), defaults) for name in _NAMES}
     for module in _MODULES:
         for name in _NAMES:
@@ -46,7 +47,8 @@ def install(**defaults: Any) -> None:
 def _with_defaults(cls: type[scaler.AmpScaler], defaults: dict[str, Any]) -> type:
     """``cls``, or a subclass of the same name whose constructor defaults to ``defaults``
     (an argument the trainer passes still wins), checked by building a disabled scaler
-    with them: an unknown name too, where the scaler's own check says "did you mean"."""
+    with them: an unknown name too, where the scaler's own check says "did you mean".
+    """
     if not defaults:
         return cls
     try:

@@ -29,8 +29,8 @@ from typing import Any
 
 import paddle
 
+from .core.monitoring import ScalerStats
 from .core.scaler import AmpScaler
-from .core.statistics import ScalerStats
 from .core.validation import check_period
 
 __all__ = ["ScalerCallback", "ScalerTrainerCallback", "log_stats"]
@@ -41,7 +41,8 @@ _FIT_LOG_FREQ = 10
 
 def _read(scaler: Any) -> tuple[float, ScalerStats | None]:
     """The scale and, for this package's scalers, the statistics: one read of the device.
-    A disabled scaler is scale 1.0 and no skip; Paddle's own scaler has no statistics."""
+    A disabled scaler is scale 1.0 and no skip; Paddle's own scaler has no statistics.
+    """
     if isinstance(scaler, AmpScaler):
         stats = scaler.stats()
         return stats.scale, stats
@@ -130,7 +131,8 @@ def _add_to_logs(logs: Any, scaler: Any, counts: dict[str, str]) -> None:
     """Into ``logs``, from one read: ``loss_scale``; the ``counts`` (log key: field of
     ``ScalerStats``), zeros for a scaler that is off, none for Paddle's own, which counts
     nothing; ``headroom_bits`` and ``subnormal_fraction`` where the scaler measured them,
-    elsewhere no such keys (the progress bar and VisualDL then show nothing for them)."""
+    elsewhere no such keys (the progress bar and VisualDL then show nothing for them).
+    """
     scale, stats = _read(scaler)
     logs["loss_scale"] = scale
     if stats is not None or not scaler.is_enable():
@@ -152,7 +154,8 @@ def _measured(stats: ScalerStats | None) -> dict[str, float]:
 
 def _model_scaler(model: Any) -> Any:
     """The scaler ``paddle.Model`` trains with: its ``_scaler``, built at the first step
-    under ``amp_configs``; without AMP, a stand-in for no loss scaling."""
+    under ``amp_configs``; without AMP, a stand-in for no loss scaling.
+    """
     scaler = getattr(model, "_scaler", None)
     if scaler is None and getattr(getattr(model, "_adapter", None), "_amp_level", "O0") == "O0":
         return _NO_SCALING
@@ -228,7 +231,8 @@ class ScalerTrainerCallback:
 
     def _trainer_scaler(self) -> Any:
         """The ``scaler`` of the Trainer: the one ``attach`` was given, else the one whose
-        callback handler is calling."""
+        callback handler is calling.
+        """
         trainer = self._trainer or _calling_object(
             lambda caller: (
                 self in getattr(getattr(caller, "callback_handler", None), "callbacks", ())

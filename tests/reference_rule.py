@@ -9,7 +9,7 @@ import dataclasses
 
 import numpy as np
 
-from paddle_amp_scaler.core.interval import IntervalRule, Memory
+from paddle_amp_scaler.core.rules import IntervalRule, Memory
 from paddle_amp_scaler.core.validation import FLOAT16_MAX, FLOAT32_MAX
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from paddle_amp_scaler import AmpScaler, GradScaler, install, uninstall
 from paddle_amp_scaler.compat.torch import GradScaler as TorchGradScaler
-from paddle_amp_scaler.core import headroom
+from paddle_amp_scaler.core import rules
 from paddle_amp_scaler.integrations import log_stats
 
 from helpers import (
@@ -73,7 +73,7 @@ def test_headroom_grows_at_once_where_the_interval_rule_waits():
     # Up to the calibration's margin below float16's ceiling, in powers of two, in one
     # iteration.
     bits = math.log2(65504.0 / recorder.largest)
-    expected_steps = math.floor(bits - headroom.HeadroomRule().calibration_margin)
+    expected_steps = math.floor(bits - rules.HeadroomRule().calibration_margin)
     assert grown == 2.0 * 2.0**expected_steps
     assert scaler.stats().growths == 1
 
@@ -156,7 +156,7 @@ def test_paddles_and_pytorchs_dicts_load_into_the_policys_defaults():
         "peak": 0.0,
         "overflow_peak": 0.0,
         "anchor": 0.0,
-        "grown_at": headroom.NEVER,
+        "grown_at": rules.NEVER,
         "amax": 0.0,
     }
     torch_face = TorchGradScaler("cpu", policy="headroom")

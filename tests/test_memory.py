@@ -151,7 +151,7 @@ def kept_tensors(scaler):
     kept = {
         f"memory.{field.name}": getattr(memory, field.name) for field in dataclasses.fields(memory)
     }
-    kept["_run.counts"] = scaler._run.counts
+    kept["_monitors.run.counts"] = scaler._monitors.run.counts
     kept["_scale"] = scaler._scale
     return kept
 

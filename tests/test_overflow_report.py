@@ -163,7 +163,7 @@ def test_given_the_model_the_log_line_and_the_report_say_the_same_names(caplog):
 def test_report_overflows_takes_a_bool_or_a_model_and_names_what_it_got():
     with pytest.raises(TypeError, match="report_overflows must be a bool, or the model"):
         GradScaler(report_overflows=[1, 2])
-    assert GradScaler(report_overflows=np.bool_(True))._overflows is not None
+    assert GradScaler(report_overflows=np.bool_(True))._monitors.overflows is not None
 
 
 def test_one_read_per_iteration_with_the_report_and_none_without():

@@ -107,8 +107,11 @@ def test_options_and_the_overflow_report_survive_a_pickle():
     copied = round_trip(scaler)
     assert copied.overflow_report() == scaler.overflow_report() != []
     assert (copied._rule.min_scale, copied._rule.max_scale) == (2.0, 128.0)
-    assert (copied._stuck_policy.stuck_after, copied._stuck_policy.on_stuck) == (7, "raise")
-    assert copied._sync.enabled is False
+    assert (copied._monitors.stuck_policy.stuck_after, copied._monitors.stuck_policy.on_stuck) == (
+        7,
+        "raise",
+    )
+    assert copied._stepping.sync.enabled is False
     assert copied._scale.place.is_cpu_place()
 
 

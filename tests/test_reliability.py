@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from paddle_amp_scaler import GradScaler
-from paddle_amp_scaler.core import statistics
+from paddle_amp_scaler.core import monitoring
 
 from helpers import GradInjector, batches, make_model, params_of, train_step
 
@@ -229,9 +229,9 @@ def soak(iterations, kept=0):
 
 
 def test_soak():
-    soak(3000, kept=statistics._FOLD_EVERY)
+    soak(3000, kept=monitoring._FOLD_EVERY)
 
 
 @pytest.mark.long
 def test_soak_100k_updates():
-    soak(100_000, kept=statistics._FOLD_EVERY)
+    soak(100_000, kept=monitoring._FOLD_EVERY)

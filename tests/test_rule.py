@@ -12,10 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from paddle_amp_scaler.core.headroom import HeadroomMemory, HeadroomRule
-from paddle_amp_scaler.core.interval import IntervalRule, Memory
 from paddle_amp_scaler.core.loss_scale import LossScale
-from paddle_amp_scaler.core.optimizers import Verdict
+from paddle_amp_scaler.core.rules import HeadroomMemory, HeadroomRule, IntervalRule, Memory
+from paddle_amp_scaler.core.step import Verdict
 from paddle_amp_scaler.core.validation import FLOAT16_MAX, FLOAT32_MAX
 
 from reference_rule import headroom_adjust, reference_adjust
@@ -411,10 +410,10 @@ def test_loss_scale_follows_adjust_whether_verdicts_come_on_the_host_or_the_devi
         amax = amax if rule.measures(iteration) else None
         measured = None if amax is None else paddle.to_tensor([amax], dtype="float32")
         if on_host:
-            verdict = Verdict(None, found, measured)
+            verdict = Verdict(paddle.to_tensor([found]), found, measured)
         else:
             verdict = Verdict(paddle.to_tensor([found]), amax=measured)
-        acted = loss_scale.advance(verdict, iteration)
+        acted = loss_scale.update(verdict, iteration)
         expected, expected_acted = reference_adjust(rule, expected, found, amax, iteration)
         acted = acted if isinstance(acted, bool) else bool(acted.numpy()[0])
         assert acted == expected_acted, f"iteration {iteration}"
@@ -424,7 +423,7 @@ def test_loss_scale_follows_adjust_whether_verdicts_come_on_the_host_or_the_devi
         assert np.isclose(loss_scale.scale.numpy()[0], expected.scale, rtol=ROUNDING)
     # A verdict known on the device only brings the device's counters up to date first.
     iteration = len(steps) + 1
-    loss_scale.advance(Verdict(paddle.to_tensor([False])), iteration)
+    loss_scale.update(Verdict(paddle.to_tensor([False])), iteration)
     expected, _ = reference_adjust(rule, expected, False, None, iteration)
     assert same(read(loss_scale.memory), expected)
 
@@ -434,10 +433,11 @@ def test_verdicts_on_the_host_cost_no_device_operation_until_the_rule_acts():
 
     loss_scale = LossScale(IntervalRule(incr_every_n_steps=5), 1024.0, "cpu")
     quiet, acting = OperationCounter(), OperationCounter()
+    finite = Verdict(paddle.to_tensor([False]), False)
     with quiet.counting():
         for iteration in range(1, 5):
-            assert loss_scale.advance(Verdict(None, False), iteration) is False
+            assert loss_scale.update(finite, iteration) is False
     with acting.counting():
-        assert loss_scale.advance(Verdict(None, False), 5) is True
+        assert loss_scale.update(finite, 5) is True
     assert quiet.total() == 0, quiet.operations
     assert acting.total() > 0 and loss_scale.scale.numpy()[0] == 2048.0

@@ -138,7 +138,8 @@ def inspect_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
     """Read and verify a checkpoint, as :func:`read_checkpoint` does, building nothing
     but plain values: each object of another class in ``extra`` stays a
     :class:`NotLoaded`, which names its class. What ``python -m paddle_amp_scaler
-    inspect`` shows."""
+    inspect`` shows.
+    """
     return _read(_path(path), file_format.KEEP_NOT_LOADED)
 
 
@@ -289,7 +290,8 @@ def _optimizer_state(optimizer: Any) -> dict[str, Any]:
 
 def _rebuild_optimizer_state(optimizer: Any, saved: dict[str, Any]) -> dict[str, Any]:
     """What ``optimizer.set_state_dict`` takes, from ``saved`` and this optimizer's own
-    parameter names; ValueError where it does not fit."""
+    parameter names; ValueError where it does not fit.
+    """
     params = parameters_of(optimizer)
     if saved["parameter_count"] != len(params):
         raise ValueError(

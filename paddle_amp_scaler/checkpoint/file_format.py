@@ -37,7 +37,8 @@ HEADER = struct.Struct("<8sIQ32s")
 
 class CheckpointError(ValueError):
     """A checkpoint file that cannot be used: torn, corrupted, foreign, crafted, holding
-    objects not trusted, or mismatched."""
+    objects not trusted, or mismatched.
+    """
 
 
 def framed(body: bytes) -> bytes:
@@ -135,7 +136,8 @@ REFUSE, TRUST, KEEP_NOT_LOADED = "refuse", "trust", "keep"
 class NotLoaded:
     """An object of a checkpoint that was not built, because building it would run code
     from the file: the class attributes ``module`` and ``name`` say what it would have
-    been. Objects in ``extra`` come back as these from :func:`inspect_checkpoint`."""
+    been. Objects in ``extra`` come back as these from :func:`inspect_checkpoint`.
+    """
 
     module = ""
     name = ""
@@ -182,7 +184,8 @@ def _allowed() -> dict[tuple[str, str], Any]:
 class _AllowListUnpickler(pickle.Unpickler):
     """Builds what ``_allowed()`` names; every other class or function the pickle refers
     to becomes a :class:`NotLoaded` subclass that records its name, so that nothing
-    from the file runs and the caller can say where such objects were."""
+    from the file runs and the caller can say where such objects were.
+    """
 
     def find_class(self, module: str, name: str) -> Any:
         allowed = _allowed().get((module, name))
@@ -198,7 +201,8 @@ def load_payload(
     ``extra`` and each key of ``kinds`` holding a value of its kind (a list: of dicts).
     Only ``extra`` may hold objects outside the allow-list, which ``extra_objects``
     refuses, trusts or keeps unbuilt. ``CheckpointError`` naming ``path`` for anything
-    else."""
+    else.
+    """
     version, body = verified_body(path)
     try:
         payload = _AllowListUnpickler(io.BytesIO(body)).load()
@@ -253,7 +257,8 @@ def load_payload(
 def not_loaded_in(value: Any, where: str) -> Iterator[tuple[str, str]]:
     """(where, what) of each object left unbuilt (a :class:`NotLoaded`) in ``value``,
     outer ones first: ``where`` names it from ``where``, as ``extra['sampler']``, and
-    ``what`` is the class or function that would have built it, as ``mymodule.Sampler``."""
+    ``what`` is the class or function that would have built it, as ``mymodule.Sampler``.
+    """
     queue: collections.deque[tuple[Any, str]] = collections.deque([(value, where)])
     seen: set[int] = set()  # a pickle may hold cycles
     while queue:
@@ -281,6 +286,7 @@ def not_loaded_in(value: Any, where: str) -> Iterator[tuple[str, str]]:
 
 def unbuilt(value: Any) -> str | None:
     """What would have built ``value``, an object left unbuilt (or the class or function
-    itself, where the file named one), as ``module.name``; None for anything else."""
+    itself, where the file named one), as ``module.name``; None for anything else.
+    """
     kind: type[Any] = value if isinstance(value, type) else type(value)
     return f"{kind.module}.{kind.name}" if issubclass(kind, NotLoaded) else None

@@ -1,7 +1,8 @@
 """``python -m paddle_amp_scaler``: ``doctor`` says whether this environment can train,
 ``inspect`` says what a checkpoint holds. This module reads the command line; each
 command lives in its own module (``doctor``, ``inspection``) and writes its report to
-standard output, its errors to standard error."""
+standard output, its errors to standard error.
+"""
 
 from __future__ import annotations
 

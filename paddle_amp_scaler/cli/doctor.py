@@ -32,7 +32,8 @@ PADDLE_INSTALL_PAGE = "https://www.paddlepaddle.org.cn/en/install/quick"
 @dataclasses.dataclass(frozen=True)
 class Gpu:
     """One visible GPU: its compute capability, and what a Paddle kernel tried on it
-    raised (None: it ran)."""
+    raised (None: it ran).
+    """
 
     index: int
     name: str
@@ -71,7 +72,8 @@ class Facts:
 @dataclasses.dataclass(frozen=True)
 class Finding:
     """Something doctor found: an ``error`` (training cannot work as installed) or a
-    ``note``, each with its fix."""
+    ``note``, each with its fix.
+    """
 
     severity: str
     what: str
@@ -80,7 +82,8 @@ class Finding:
 
 def gather_facts() -> Facts:
     """The facts of this environment, read from Paddle; one small Paddle kernel runs on
-    each visible GPU, the test that settles whether its kernels cover it."""
+    each visible GPU, the test that settles whether its kernels cover it.
+    """
     try:
         other_devices = tuple(str(name) for name in paddle.device.get_available_custom_device())
     except Exception:  # Paddle without custom-device support
@@ -130,7 +133,8 @@ def _cuda_archs(build: str) -> tuple[int, ...] | None:
 def _probe(index: int) -> str | None:
     """None if an elementwise Paddle kernel runs on GPU ``index``, else what it raised.
     Elementwise, because cuBLAS and cuDNN bring kernels of their own for new GPUs where
-    Paddle's own have none."""
+    Paddle's own have none.
+    """
     try:
         x = paddle.to_tensor([1.0, 2.0], place=paddle.CUDAPlace(index))
         float((x * 2.0).sum())
@@ -146,7 +150,8 @@ def _probe(index: int) -> str | None:
 
 def gpu_coverage(gpu: Gpu, cuda_archs: tuple[int, ...] | None) -> Coverage:
     """Whether Paddle's kernels cover ``gpu``: the kernel tried on it decides, since the
-    listed architectures leave out the PTX the driver may compile; the list says why."""
+    listed architectures leave out the PTX the driver may compile; the list says why.
+    """
     major, minor = gpu.capability
     # A binary runs on its own major version, from its minor version up.
     binaries = [arch for arch in cuda_archs or () if arch // 10 == major and arch % 10 <= minor]
@@ -233,7 +238,8 @@ def _gpu_name(gpu: Gpu) -> str:
 
 def _release(version: str) -> tuple[int, ...]:
     """The numbers a version starts with ("3.0.0rc1": 3, 0, 0); Paddle's develop builds,
-    numbered 0.0.0, count as the newest."""
+    numbered 0.0.0, count as the newest.
+    """
     found = re.match(r"\d+(?:\.\d+)*", version)
     numbers = tuple(int(number) for number in found[0].split(".")) if found else ()
     return (sys.maxsize,) if numbers and not any(numbers) else numbers

@@ -1,6 +1,7 @@
 """``inspect PATH``: what a checkpoint holds, as plain JSON values (``summarize``) and as
 the lines it prints. Reading the file runs no code from it: objects in its ``extra`` are
-named, never built."""
+named, never built.
+"""
 
 from __future__ import annotations
 
@@ -14,15 +15,16 @@ import numpy as np
 
 from ..checkpoint import Checkpoint, CheckpointError, inspect_checkpoint
 from ..checkpoint.file_format import not_loaded_in, unbuilt
-from ..core.interval import IntervalRule
-from ..core.overflow_report import Measurements
+from ..core.monitoring import Measurements
+from ..core.rules import IntervalRule
 from ..core.state_dict import parse_state_dict
 from .report import line
 
 
 def run(path: str, as_json: bool) -> int:
     """Print the summary of ``path``; 1, with the reason on standard error, for a file
-    that is no readable checkpoint or a scaler state that does not parse."""
+    that is no readable checkpoint or a scaler state that does not parse.
+    """
     try:
         content = inspect_checkpoint(path)
     except (CheckpointError, OSError) as error:
@@ -219,7 +221,8 @@ def _optimizer(state: Mapping[str, Any]) -> dict[str, Any]:
 def _value(value: Any) -> dict[str, Any]:
     """A value's type; the value itself if short (its repr, where JSON has no such
     value); an array's shape and dtype; a container's length and the classes of the
-    objects left unbuilt in it; an object left unbuilt by its class's name."""
+    objects left unbuilt in it; an object left unbuilt by its class's name.
+    """
     built_by = unbuilt(value)
     if built_by is not None:
         return {"type": "object", "class": built_by, "loaded": False}

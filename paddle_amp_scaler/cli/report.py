@@ -1,5 +1,6 @@
 """The shape both commands' reports share: a label, then its value from one column on,
-so that a reader's eye (and a script's split on two spaces) finds the values."""
+so that a reader's eye (and a script's split on two spaces) finds the values.
+"""
 
 from __future__ import annotations
 

@@ -146,7 +146,8 @@ class LossScaleOptimizer:
         """The whole iteration, as in TensorFlow: scale ``loss`` (a Tensor, or a callable
         returning one), run its backward, unscale, check, step or skip, update the scale
         (gradients are not cleared). Returns what the inner ``minimize`` returned;
-        ``(None, None)`` when skipped without calling it."""
+        ``(None, None)`` when skipped without calling it.
+        """
         loss = _loss_tensor(loss)
         self._scaler.scale(loss).backward()
         return self._step_and_update(
@@ -181,7 +182,8 @@ class LossScaleOptimizer:
         """Apply unscaled gradients, TensorFlow-ordered ``(grad, param)`` pairs (those with
         a None gradient left out): check them, step (the inner optimizer's
         ``apply_gradients``) or skip, update the scale. On a skipped step with plain SGD the
-        given gradients are set to zero (the skip that needs no device read)."""
+        given gradients are set to zero (the skip that needs no device read).
+        """
         pairs = [_pair(item) for item in grads_and_vars]
         pairs = [(grad, param) for grad, param in pairs if grad is not None]
         # Warn once, as tf-keras does, for a hand-written loop that shows no sign of
@@ -199,13 +201,13 @@ class LossScaleOptimizer:
             )
         return self._step_and_update(
             lambda: self._inner.apply_gradients([(param, grad) for grad, param in pairs]),
-            given_grads=[grad for grad, _ in pairs],
+            grads=[grad for grad, _ in pairs],
         )
 
     def _step_and_update(self, run_step: Callable[[], Any], **how: Any) -> Any:
         # Step or skip, then end the iteration: TensorFlow has no separate update.
-        result = self._scaler._step_optimizer(self._inner, run_step, **how)
-        self._scaler._end_iteration()
+        result = self._scaler.step_optimizer(self._inner, run_step, **how)
+        self._scaler.end_iteration()
         return result
 
     def clear_grad(self, set_to_zero: bool = True) -> None:
@@ -226,7 +228,8 @@ class LossScaleOptimizer:
 
     def set_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Load a ``state_dict()`` of this class (or a plain optimizer's, which leaves the
-        scaler as it is). A bad scaler part raises before anything is loaded."""
+        scaler as it is). A bad scaler part raises before anything is loaded.
+        """
         if not isinstance(state_dict, Mapping):
             raise TypeError(f"state_dict must be a dict, got {type(state_dict).__name__}")
         inner_state = dict(state_dict)

@@ -24,7 +24,7 @@ from paddle import Tensor
 
 from .. import nested
 from ..core import kernels, validation
-from ..core.interval import IntervalRule, Memory
+from ..core.rules import IntervalRule, Memory
 from ..core.scaler import GradScaler
 from ..core.validation import FLOAT32_MAX, INT32_MAX
 
@@ -75,7 +75,8 @@ class FixedLossScaleManager:
 
     def get_update_cell(self) -> GradScaler | None:
         """A ``GradScaler`` that keeps this scale and skips overflowing steps; ``None`` when
-        ``drop_overflow_update`` is False."""
+        ``drop_overflow_update`` is False.
+        """
         if not self._drop_overflow_update:
             return None
         return GradScaler(init_loss_scaling=self._fixed_scale, use_dynamic_loss_scaling=False)
@@ -123,7 +124,8 @@ class DynamicLossScaleManager:
     def update_loss_scale(self, overflow: bool) -> None:
         """One iteration of the rule, on the host, for a loop that decides overflow itself;
         ``RuntimeError`` after more than 1000 consecutive overflows (the scale has then
-        been updated for this one too)."""
+        been updated for this one too).
+        """
         overflow = validation.check_bool(overflow, "overflow")
         self._memory, _ = self._dynamic_rule.adjust(self._memory, overflow)
         self._consecutive_overflows = self._consecutive_overflows + 1 if overflow else 0
@@ -154,7 +156,8 @@ class _LossScaler:
     @property
     def scale_value(self) -> Tensor:
         """The current scale, a float32 0-d Tensor (a copy; no read). Assignable, as
-        MindSpore's Parameter is: a number or a one-element Tensor, at least 1."""
+        MindSpore's Parameter is: a number or a one-element Tensor, at least 1.
+        """
         return self._scaler._scale.reshape([]).clone()
 
     @scale_value.setter
@@ -232,14 +235,15 @@ class DynamicLossScaler(_LossScaler):
         )
         # MindSpore divides its float32 scale by the factor, where 1 / factor would
         # round differently (scale_factor=3: 33.333332, not 33.333336, from 100).
-        self._scaler._change_rule(backoff_divisor=float(scale_factor))
+        self._scaler.set_backoff_divisor(scale_factor)
 
     @property
     def counter(self) -> Tensor:
         """Finite steps since the scale last changed, an int32 0-d Tensor (a read of the
         device where the scaler does not know it on the host). Assignable, as MindSpore's
         Parameter is: an int (or a one-element integer Tensor) from 0 to
-        ``scale_window - 1``."""
+        ``scale_window - 1``.
+        """
         return paddle.to_tensor(self._scaler.get_incr_count(), dtype=paddle.int32)
 
     @counter.setter
@@ -260,15 +264,17 @@ class DynamicLossScaler(_LossScaler):
 
     def adjust(self, grads_finite: Any) -> bool:
         """Update the scale from ``grads_finite`` (a bool Tensor or a bool), on the device:
-        grow after ``scale_window`` finite steps, back off on an overflow. Returns True."""
+        grow after ``scale_window`` finite steps, back off on an overflow. Returns True.
+        """
         found = paddle.logical_not(self._finite_flag(grads_finite))
-        self._scaler._end_iteration(found=found)
+        self._scaler.end_iteration(found=found)
         return True
 
 
 def all_finite(inputs: Any) -> Tensor:
     """Whether every element of every Tensor in ``inputs`` (a Tensor, or nested lists and
-    tuples of them) is finite: a bool 0-d Tensor, computed on the device and not read."""
+    tuples of them) is finite: a bool 0-d Tensor, computed on the device and not read.
+    """
     tensors = nested.tensors_in(inputs, nested.refuse_leaves("all_finite", "inputs"))
     # Integer and bool tensors always pass; the unscale kernel would write its inputs.
     checked = [tensor for tensor in tensors if tensor.is_floating_point() and tensor.size]
@@ -279,7 +285,8 @@ def all_finite(inputs: Any) -> Tensor:
 
 def _host_value(value: Any, name: str) -> Any:
     """A number assigned to a scaler's state, read from a one-element Tensor if it is one
-    (an assignment, not a training step: the read is the caller's)."""
+    (an assignment, not a training step: the read is the caller's).
+    """
     if not isinstance(value, Tensor):
         return value
     if value.size != 1:

@@ -43,7 +43,8 @@ class TorchAssertionError(AssertionError, RuntimeError):
     """Misuse that PyTorch's ``GradScaler`` asserts against (``step(optimizer)`` for an
     optimizer none of whose parameters has a gradient, ``update()`` with no step since the
     last, a pickle mid-iteration): the ``AssertionError`` PyTorch code catches, and the
-    ``RuntimeError`` this package raises for misuse."""
+    ``RuntimeError`` this package raises for misuse.
+    """
 
 
 class GradScaler(_CoreGradScaler):
@@ -103,17 +104,18 @@ class GradScaler(_CoreGradScaler):
 
     def step(self, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
         """``optimizer.step(*args, **kwargs)`` unless its gradients hold inf/nan; returns
-        what it returned, ``None`` when skipped (Paddle's optimizers return ``None``)."""
+        what it returned, ``None`` when skipped (Paddle's optimizers return ``None``).
+        """
         optimizers.check_optimizer(optimizer, "step")
-        if self._enable and "closure" in kwargs:
+        if self.is_enable() and "closure" in kwargs:
             raise RuntimeError(
                 "step() does not take a closure while the scaler is enabled: compute the "
                 "loss, call scaler.scale(loss).backward(), then scaler.step(optimizer)"
             )
-        result = self._step_optimizer(optimizer, functools.partial(optimizer.step, *args, **kwargs))
+        result = self.step_optimizer(optimizer, functools.partial(optimizer.step, *args, **kwargs))
         # An optimizer that takes the found-inf flag is called even when it skips. PyTorch
         # returns None for a skipped step; for a step that returns something, worth a read.
-        skipped = result is not None and self._enable and bool(self._cache_found_inf)
+        skipped = result is not None and self.is_enable() and bool(self._cache_found_inf)
         return None if skipped else result
 
     def _nothing_checked(self, optimizer: Any) -> None:
@@ -126,17 +128,18 @@ class GradScaler(_CoreGradScaler):
     def update(self, new_scale: float | Tensor | None = None) -> None:
         """End the iteration: update the scale from this iteration's steps, or set it to
         ``new_scale`` (a float within the scaler's bounds, or a one-element Tensor, copied
-        on the device and clamped into them)."""
+        on the device and clamped into them).
+        """
         if new_scale is not None:
-            self._end_iteration(new_scale=new_scale)
-        elif not self._end_iteration():
+            self.end_iteration(new_scale=new_scale)
+        elif not self.end_iteration():
             raise TorchAssertionError(
                 "No inf checks were recorded prior to update(): call "
                 "scaler.step(optimizer) for each optimizer first, then update() once"
             )
 
     def __repr__(self) -> str:
-        return "GradScaler(enabled=False)" if not self._enable else super().__repr__()
+        return "GradScaler(enabled=False)" if not self.is_enable() else super().__repr__()
 
     def _repr_fields(self) -> dict[str, Any]:
         # PyTorch's numbers, as its state_dict names them.
@@ -165,7 +168,7 @@ class GradScaler(_CoreGradScaler):
 
     def state_dict(self) -> dict[str, Any]:
         """PyTorch's five keys as Python numbers (reads the device); ``{}`` when disabled."""
-        if not self._enable:
+        if not self.is_enable():
             return {}
         return {
             "scale": self.get_loss_scaling(),
@@ -177,8 +180,9 @@ class GradScaler(_CoreGradScaler):
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Load PyTorch's format or Paddle's; a Paddle dict must describe PyTorch's rule
-        (back off on every overflow, dynamic), or it is refused and nothing changes."""
-        if self._enable and isinstance(state_dict, Mapping) and state_dict:
+        (back off on every overflow, dynamic), or it is refused and nothing changes.
+        """
+        if self.is_enable() and isinstance(state_dict, Mapping) and state_dict:
             loaded = parse_state_dict(state_dict)
             if loaded.decr_every_n_nan_or_inf != 1 or not loaded.use_dynamic_loss_scaling:
                 raise ValueError(

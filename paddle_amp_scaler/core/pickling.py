@@ -1,6 +1,7 @@
 """Pickling on every Paddle: a scaler's device tensors travel as NumPy arrays with their device's
 name, so that a pickled or deep-copied scaler continues its run exactly (Paddle 2.6's tensors do
-not pickle, and Paddle 3's keep whatever place they had)."""
+not pickle, and Paddle 3's keep whatever place they had).
+"""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ class _OnHost:
 
 class TensorsOnHost:
     """Pickles (and deep-copies) the tensors in an object's attributes, also in lists, tuples, dicts
-    and dataclasses, as host arrays: reading them is a device sync, which pickling may cost."""
+    and dataclasses, as host arrays: reading them is a device sync, which pickling may cost.
+    """
 
     def __getstate__(self) -> dict[str, Any]:
         state: dict[str, Any] = _each(
@@ -31,7 +33,11 @@ class TensorsOnHost:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(
-            _each(state, _OnHost, lambda held: paddle.to_tensor(held.values, place=held.device))
+            _each(
+                state,
+                _OnHost,
+                lambda on_host: paddle.to_tensor(on_host.values, place=on_host.device),
+            )
         )
 
 

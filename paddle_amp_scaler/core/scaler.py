@@ -1,12 +1,16 @@
-"""AmpScaler and GradScaler: the per-iteration state machine around Paddle's AMP kernels.
+"""``AmpScaler`` and ``GradScaler``: the conductor of a training step around Paddle's AMP
+kernels, with Paddle's API and the private names Paddle's trainers use.
 
-A step visits each stage, a module of its own, once and in order (``docs/architecture.md``,
-"One training step"). Other modules reach the scaler through the public API,
-``PADDLE_CONTRACT`` and ``EXTENSION_INTERFACE`` only (a test reads their source to keep it so)."""
+A step visits each stage once and in order (``docs/architecture.md``, "One training
+step"): each optimizer's ``OptimizerStep`` (``step.py``) unscales and checks its gradients
+and steps or skips it; the end of the iteration moves the scale by its rule
+(``loss_scale.py``) and tells every monitor (``monitoring.py``). Code outside the core
+reaches a scaler through its public API and ``PADDLE_CONTRACT`` only (a test reads its
+source to keep it so); a face that subclasses it may override ``SUBCLASS_HOOKS``.
+"""
 
 from __future__ import annotations
 
-import dataclasses
 import warnings
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
@@ -17,14 +21,13 @@ from paddle import Tensor
 from paddle.amp.auto_cast import amp_global_state
 from paddle.amp.grad_scaler import OptimizerState
 
-from . import distributed, kernels, optimizers, validation
-from .interval import IntervalRule, Memory, Rule
+from . import distributed, kernels, optimizers, rules, validation
 from .loss_scale import LossScale
-from .optimizers import OptimizerRecord, Verdict
-from .overflow_report import Measurements, OverflowEntry, UnderflowEntry, recorder_for
+from .monitoring import IterationEnd, Monitors, OnStuck, OverflowEntry, ScalerStats, UnderflowEntry
 from .pickling import TensorsOnHost
-from .state_dict import parse_state_dict, rule_named, saved_state
-from .statistics import OnStuck, RunStatistics, ScalerStats, StuckPolicy
+from .rules import Rule, rule_from_arguments
+from .state_dict import parse_state_dict, saved_state
+from .step import SKIPPED, OptimizerStep, Stepping, Verdict
 
 # Paddle's private fields, as its trainers and distributed wrappers use them (API.md, "Drop-in").
 PADDLE_CONTRACT = (
@@ -37,14 +40,8 @@ PADDLE_CONTRACT = (
     "_optimizer_states",
     "_cache_found_inf",
 )
-# What a face may use beyond the public API (docs/architecture.md, "What a face may use").
-EXTENSION_INTERFACE = (
-    "_step_optimizer",
-    "_end_iteration",
-    "_change_rule",
-    "_nothing_checked",
-    "_repr_fields",
-)
+# What a subclass (a face) may override: docs/architecture.md, "What a face may use".
+SUBCLASS_HOOKS = ("_nothing_checked", "_repr_fields")
 
 
 class AmpScaler(TensorsOnHost):
@@ -105,42 +102,31 @@ class AmpScaler(TensorsOnHost):
         sync_found_inf: bool = True,
     ) -> None:
         self._enable = validation.check_bool(enable, "enable")
-        lower, upper = validation.check_bounds(min_loss_scaling, max_loss_scaling)
-        measured = {}
-        if measure_every is not None:
-            measured["measure_every"] = validation.check_period(measure_every, "measure_every")
-        # The one place a policy's name is read: from here on, the rule answers.
-        kind = rule_named(policy)
-        settings = validation.check_rule_settings(
-            incr_ratio, decr_ratio, incr_every_n_steps, decr_every_n_nan_or_inf
+        rule = rule_from_arguments(
+            policy,
+            incr_ratio,
+            decr_ratio,
+            incr_every_n_steps,
+            decr_every_n_nan_or_inf,
+            min_loss_scaling,
+            max_loss_scaling,
+            measure_every,
         )
-        rule = kind(**settings, min_scale=lower, max_scale=upper, **measured)
-        init = validation.check_scale(init_loss_scaling, "init_loss_scaling")
-        self._init_loss_scaling = validation.check_within(init, "init_loss_scaling", (lower, upper))
         dynamic = validation.check_bool(use_dynamic_loss_scaling, "use_dynamic_loss_scaling")
-        self._use_dynamic_loss_scaling = dynamic
-        if not dynamic and type(rule) is not IntervalRule:
-            raise ValueError(
-                f"policy={policy!r} moves a dynamic scale, and use_dynamic_loss_scaling="
-                "False fixes the scale: drop policy, or keep the scale dynamic"
-            )
-        place = validation.check_place(place)
-        try:
-            self._loss_scale = LossScale(rule, self._init_loss_scaling, place)
-        # Paddle's own words for an unusable device (AttributeError for "gpu" without CUDA).
-        except (ValueError, AttributeError) as error:
-            raise ValueError(f"place {place!r} cannot be used here: {error}") from None
+        self._use_dynamic_loss_scaling = rules.check_fixable(rule, dynamic)
+        self._loss_scale = LossScale(rule, init_loss_scaling, place)
+        self._init_loss_scaling = float(init_loss_scaling)
         place = self._loss_scale.scale.place
+
+        # Paddle's names for the verdict of the last unscale and its flag for "none found".
         self._temp_found_inf_value_false = paddle.to_tensor([False], place=place)
         self._found_inf: Any = self._temp_found_inf_value_false
         self._cache_found_inf: Any = None
-        self._optimizer_states: defaultdict[int, OptimizerRecord] = defaultdict(OptimizerRecord)
-        self._run = RunStatistics(place)
-        self._stuck_policy = StuckPolicy(stuck_after, on_stuck)
-        self._overflows = recorder_for(report_overflows)
-        self._measured = Measurements(place)
-        self._sync = distributed.FoundInfSync(group, sync_found_inf)
-        self._noted_types: set[type] = set()  # optimizer types whose flag read was logged once
+        self._optimizer_states: defaultdict[int, OptimizerStep] = defaultdict(OptimizerStep)
+        self._monitors = Monitors(self._loss_scale, report_overflows, stuck_after, on_stuck)
+        sync = distributed.FoundInfSync(group, sync_found_inf)
+        looking = self._monitors.looking
+        self._stepping = Stepping(self._loss_scale, looking, sync, self._found_inf)
 
     # What a repr leaves out: each option at the value the constructor gives it by default.
     _option_defaults = validation.keyword_defaults(__init__)
@@ -155,19 +141,20 @@ class AmpScaler(TensorsOnHost):
         self._loss_scale.scale = scale
 
     @property
-    def _rule(self) -> Rule:
-        return self._loss_scale.rule
-
-    @property
     def policy(self) -> str:
-        """How the dynamic scale moves: ``"interval"`` or ``"headroom"`` (read-only; a
-        loaded state dict saved under the other policy changes it, with a warning)."""
-        return self._rule.name
+        """How the dynamic scale moves: ``"interval"`` or ``"headroom"``.
+
+        Read-only: a loaded state dict saved under the other policy changes it, with a warning.
+        """
+        return self._loss_scale.rule.name
+
+    # -- Paddle's steps ------------------------------------------------------------------
 
     def scale(self, var: Tensor) -> Tensor:
         """Return ``var * scale`` (float32, or float64 for a float64 ``var``), same shape."""
         if not isinstance(var, Tensor):
             raise TypeError(f"scale() takes a paddle.Tensor as var, got {type(var).__name__}")
+
         # bfloat16 has float32's exponent range: no gradient underflows, scaling only costs time.
         # Paddle's also switches off outside auto_cast (global dtype float32); this one does not.
         bfloat16 = amp_global_state().amp_dtype == "bfloat16"
@@ -179,126 +166,157 @@ class AmpScaler(TensorsOnHost):
                 stacklevel=2,
             )
             self._enable = self._use_dynamic_loss_scaling = False
+
         if not self._enable or not var._is_initialized():
             return var
         return kernels.scaled(var, self._loss_scale.scale)
 
     def unscale_(self, optimizer: Any) -> None:
-        """Divide the optimizer's gradients by the scale in place and check them for inf/nan, to
-        clip or inspect true values: at most once per optimizer per iteration, before ``step``."""
+        """Divide the optimizer's gradients by the scale in place and check them for inf/nan,
+        to clip or inspect true values: at most once per optimizer per iteration, before
+        ``step``.
+        """
         optimizers.check_optimizer(optimizer, "unscale_")
         if not self._enable:
             optimizers.refuse_without_parameters(optimizer)
             return
-        record = self._optimizer_states[id(optimizer)]
-        record.refuse_unscale()
-        self._unscale_and_record(optimizer, record)
+
+        step = self._optimizer_states[id(optimizer)]
+        if "_unscale" in vars(self):
+            self._unscale_replaced(step, optimizer)
+        else:
+            step.unscale(optimizer, self._stepping, self._monitors.run.iterations + 1)
+        self._found_inf = cast(Verdict, step.verdict).flag
 
     def minimize(self, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
-        """Unscale (unless done), ``optimizer.minimize(*args, **kwargs)`` unless inf/nan was found,
-        then update the scale. Returns what that returned, or ``(None, None)`` where the scaler
-        skipped the call (for an optimizer that takes no found-inf flag)."""
+        """Unscale (unless done), ``optimizer.minimize(*args, **kwargs)`` unless inf/nan was
+        found, then update the scale.
+
+        Returns what that returned, or ``(None, None)`` where the scaler skipped the call
+        (for an optimizer that takes no found-inf flag).
+        """
         optimizers.check_optimizer(optimizer, "minimize", "minimize")
-        result = self._step_optimizer(
+        result = self.step_optimizer(
             optimizer, lambda: optimizer.minimize(*args, **kwargs), skipped=(None, None)
         )
-        self._end_iteration()
+        self.end_iteration()
         return result
 
     def _unscale(self, optimizer: Any) -> None:
-        """Unscale and check one optimizer's gradients, the verdict in ``_found_inf``. Paddle's
-        name, reached through the instance: wrappers replace it (fleet's ``distributed_scaler``)."""
-        if self._enable:
-            record = self._optimizer_states[id(optimizer)]
-            record.refuse_unscale()
-            self._check_gradients(record, optimizer)
+        """Unscale and check one optimizer's gradients, the verdict in ``_found_inf``.
 
-    # -- the extension interface (EXTENSION_INTERFACE) -----------------------------------
-    def _step_optimizer(
+        Paddle's name, reached through the instance: wrappers replace it (fleet's
+        ``distributed_scaler``), and ``_unscale_replaced`` then lets the replacement decide.
+        """
+        if self._enable:
+            step = self._optimizer_states[id(optimizer)]
+            step.unscale(optimizer, self._stepping, self._monitors.run.iterations + 1)
+            self._found_inf = cast(Verdict, step.verdict).flag
+
+    def _unscale_replaced(self, step: OptimizerStep, optimizer: Any) -> None:
+        # A replaced _unscale (fleet's, shard_scaler's) neither counts nor measures: the
+        # monitors see the gradients first, and the step adopts its verdict.
+        iteration = self._monitors.run.iterations + 1
+        amax = step.show_before_replaced_unscale(optimizer, self._stepping, iteration)
+        self._unscale(optimizer)
+        step.adopt(self._found_inf, amax, self._stepping)
+
+    # -- For the faces: another framework's step, update and back-off --------------------
+
+    def step_optimizer(
         self,
         optimizer: Any,
         run_step: Callable[[], Any],
         *,
         skipped: Any = None,
-        given_grads: Sequence[Tensor] | None = None,
+        grads: Sequence[Tensor] | None = None,
     ) -> Any:
         """Step or skip one optimizer, as every face's step does: unscale its gradients unless
-        done (or check the true ``given_grads`` instead), then ``run_step()`` so that it changes
-        nothing if they hold inf/nan. Returns its result, or ``skipped`` where it was not called."""
+        done (or check the true gradients ``grads`` a caller computed instead), then call
+        ``run_step()`` so that it changes nothing if they hold inf/nan.
+
+        Returns what ``run_step()`` returned, or ``skipped`` where it was not called.
+        """
         if not self._enable:
             optimizers.refuse_without_parameters(optimizer)
             return run_step()
-        record = self._optimizer_states[id(optimizer)]
-        if given_grads is not None:
-            record.refuse_step()
-            record.refuse_unscale()
-            self._check_gradients(record, true_grads=given_grads)
-        elif record.stage is OptimizerState.INIT:
-            self._unscale_and_record(optimizer, record)
+
+        step = self._optimizer_states[id(optimizer)]
+        if grads is not None:
+            step.check_given(grads, self._stepping, self._monitors.run.iterations + 1)
+        elif step.stage is not OptimizerState.INIT:
+            # Past unscale_() it steps; stepped already, it is refused.
+            step.refuse_step()
+        elif "_unscale" in vars(self):
+            self._unscale_replaced(step, optimizer)
         else:
-            record.refuse_step()  # past unscale_() it steps; stepped, it is refused
-        if not record.checked:
+            step.unscale(optimizer, self._stepping, self._monitors.run.iterations + 1)
+
+        if not step.checked:
             try:
                 self._nothing_checked(optimizer)
             except BaseException:
                 # A face that refuses the step leaves the optimizer as if never touched.
                 del self._optimizer_states[id(optimizer)]
                 raise
-        verdict = cast(Verdict, record.verdict)  # every unscale leaves one
-        result, on_host = optimizers.step_or_skip(
-            optimizer, run_step, record, self._rule, self._noted_types
-        )
-        if on_host is not None:
-            verdict = record.verdict = Verdict(verdict.flag, on_host, verdict.amax)
-        record.stage = OptimizerState.STEPPED
-        self._found_inf = verdict.flag
-        self._cache_found_inf = verdict.found
-        return skipped if result is optimizers.SKIPPED else result
 
-    def _end_iteration(
+        result = step.run(optimizer, run_step, self._stepping)
+        verdict = cast(Verdict, step.verdict)
+        self._found_inf = verdict.flag
+        self._cache_found_inf = verdict.flag if verdict.on_host is None else verdict.on_host
+        return skipped if result is SKIPPED else result
+
+    def end_iteration(
         self, *, found: Tensor | None = None, new_scale: float | Tensor | None = None
     ) -> bool:
-        """End the iteration, the one path into the update: join the verdicts of the optimizers
-        stepped since the last end, or take ``found`` (a bool [1] tensor) from a face that decided
-        it; move the scale by the rule, or to ``new_scale`` (PyTorch's ``update(new_scale)``,
-        counters kept); count the iteration, report overflows, apply the stuck policy. One with
-        nothing checked ends uncounted. Returns False, changing nothing but the scale, if there is
-        no iteration to end (no ``found``, no optimizer stepped): misuse, worded by each face."""
+        """End the iteration: the one path into the update, for every face.
+
+        Joins the verdicts of the optimizers stepped since the last end, or takes ``found``
+        (a bool [1] tensor) from a face that decided it; moves the scale by the rule, or to
+        ``new_scale`` (PyTorch's ``update(new_scale)``: the counters are kept); then tells
+        every monitor. An iteration with nothing checked ends uncounted.
+
+        Returns False, changing nothing but the scale, if there is no iteration to end (no
+        ``found``, no optimizer stepped): misuse, which each face words its own way.
+        """
         if not self._enable:
             return True
         if new_scale is not None:
             self._loss_scale.set_scale(new_scale, "new_scale")
-        stepped = [r for r in self._optimizer_states.values() if r.stage is OptimizerState.STEPPED]
+
+        stepped = [s for s in self._optimizer_states.values() if s.stage is OptimizerState.STEPPED]
         if found is None and not stepped:
             return False
-        self._optimizer_states = defaultdict(OptimizerRecord)
-        if found is not None:
-            verdict = Verdict(found)
-        else:
-            verdicts = [cast(Verdict, record.verdict) for record in stepped if record.checked]
-            if not verdicts:
-                return True  # nothing was observed: nothing for the rule, nothing to count
-            verdict = Verdict.joined(verdicts)
+        self._optimizer_states = defaultdict(OptimizerStep)
+
+        verdict = Verdict(found) if found is not None else Verdict.of_steps(stepped)
+        if verdict is None:
+            # Nothing was observed: nothing for the rule, nothing to count.
+            return True
+
+        iteration = self._monitors.run.iterations + 1
         acted: bool | Tensor = False
         if new_scale is None and self._use_dynamic_loss_scaling:
-            acted = self._loss_scale.advance(verdict, self._run.iterations + 1)
-        found_inf = verdict.found
-        self._run.record(found_inf, acted)
-        self._measured.end_iteration(found_inf, verdict.amax)
-        if self._overflows is not None:
-            self._overflows.end_iteration(self._run.iterations, found_inf)
-        # Last, so that a LossScaleStuckError leaves a consistent, resumable scaler.
-        self._stuck_policy.after_iteration(self._run, self.stats)
+            acted = self._loss_scale.update(verdict, iteration)
+
+        end = IterationEnd(iteration, verdict, acted, self.stats)
+        for monitor in self._monitors.in_order:
+            monitor.end_iteration(end)
         return True
 
-    def _change_rule(self, **changes: Any) -> None:
-        """Change the rule's settings (fields of ``Rule``, checked by the caller) from the
-        next update on (MindSpore's functional scaler sets ``backoff_divisor`` so)."""
-        self._loss_scale.rule = dataclasses.replace(self._rule, **changes)
+    def set_backoff_divisor(self, divisor: float) -> None:
+        """Back off by dividing the scale by ``divisor`` (> 1), rather than multiplying it by
+        ``decr_ratio``, as MindSpore's ``DynamicLossScaler`` does: ``scale / 3`` and
+        ``scale * float32(1 / 3)`` differ in the last bit.
+        """
+        backoff_divisor = validation.check_incr_ratio(divisor, "divisor")
+        self._loss_scale.change_rule(backoff_divisor=backoff_divisor)
 
     def _nothing_checked(self, optimizer: Any) -> None:
-        """Called when no parameter of ``optimizer`` has a gradient this iteration: warns and steps
-        it, as Paddle's scalers do; a face may raise to refuse it, the optimizer untouched."""
+        """Called when no parameter of ``optimizer`` has a gradient this iteration: warns and
+        steps it, as Paddle's scalers do. A face may raise to refuse it, the optimizer then
+        untouched.
+        """
         warnings.warn(
             f"step(): no parameter of this {type(optimizer).__name__} has a gradient (no "
             "backward() since its gradients were cleared?), so nothing was checked; it is "
@@ -310,7 +328,7 @@ class AmpScaler(TensorsOnHost):
 
     def _repr_fields(self) -> dict[str, Any]:
         """The numbers a repr shows first, by name (a face shows its framework's names)."""
-        rule = self._rule
+        rule = self._loss_scale.rule
         return {
             "scale": self.get_loss_scaling(),
             "incr_count": self.get_incr_count(),
@@ -321,76 +339,13 @@ class AmpScaler(TensorsOnHost):
             "decr_every_n_nan_or_inf": rule.decr_every_n_nan_or_inf,
         }
 
-    def _unscale_and_record(self, optimizer: Any, record: OptimizerRecord) -> None:
-        if "_unscale" not in vars(self):  # not replaced: its work; the caller has refused misuse
-            self._check_gradients(record, optimizer)
-            return
-        # fleet's and shard_scaler's _unscale neither measure nor count: here, before they write.
-        params = optimizers.parameters_of(optimizer)
-        grads = self._counted_grads(params)
-        table = None if grads is None else self._measure(params, grads)
-        amax = None
-        if grads is not None and table is not None:
-            amax = self._sync.largest(kernels.amax_in(table), distributed.mesh_of(grads))
-        self._unscale(optimizer)
-        verdict = record.verdict
-        if verdict is None or verdict.flag is not self._found_inf:
-            # A replaced _unscale decided, in _found_inf only (a flag, or a Python bool or int).
-            found = self._found_inf
-            on_host = None if isinstance(found, Tensor) else bool(found)
-            if on_host is not None:
-                found = paddle.to_tensor([on_host], place=self._loss_scale.scale.place)
-            record.verdict = Verdict(found, on_host, amax)
-            record.stage = OptimizerState.UNSCALED
-
-    def _measures_now(self) -> bool:
-        return self._loss_scale.rule.measures(self._run.iterations + 1)
-
-    def _counted_grads(self, params: list[Any]) -> list[Tensor | None] | None:
-        """Each parameter's gradient where they are counted (here, before an unscale writes
-        them) or measured, else None: the unscale then groups them at the least cost."""
-        if self._overflows is None and not self._measures_now():
-            return None
-        grads = optimizers.grads_of(params)
-        if self._overflows is not None:
-            self._overflows.count_(params, grads)
-        return grads
-
-    def _measure(
-        self, params: list[Any] | None, grads: Sequence[Tensor | None], times: Tensor | None = None
-    ) -> Tensor | None:
-        """Where measured, ``kernels.measure``'s table of ``grads``, kept for the iteration end."""
-        if not self._measures_now():
-            return None
-        table = kernels.measure(grads, times=times)
-        if table is not None:
-            self._measured.add(params, grads, table)
-        return table
-
-    def _check_gradients(
-        self, record: OptimizerRecord, optimizer: Any = None, true_grads: Sequence[Tensor] = ()
-    ) -> None:
-        """Unscale the gradients of ``optimizer`` (its record's stage allows it) in place and
-        check them for inf/nan, measured first where the rule asks (the unscale writes them).
-        Or ``true_grads``: measured as if scaled, unscaled by exactly 1, which only checks them."""
-        scale = self._loss_scale.scale
-        params = None if optimizer is None else optimizers.parameters_of(optimizer)
-        grads = list(true_grads) if params is None else self._counted_grads(params)
-        times, divisor = (scale, paddle.ones_like(scale)) if params is None else (None, scale)
-        if grads is None:  # neither counted nor measured: grouped at the least cost
-            table, (groups, mesh) = None, optimizers.grads_by_dtype(cast("list[Any]", params))
-        else:
-            table = self._measure(params, grads, times)
-            groups, mesh = kernels.grads_by_dtype_of(grads), distributed.mesh_of(grads)
-        flag = kernels.unscale_and_check_(groups, divisor, self._temp_found_inf_value_false)
-        # Agreed before any rank decides: all then skip, update and count alike.
-        flag, amax = self._sync.agree(flag, kernels.amax_in(table), mesh)
-        self._found_inf = flag
-        record.verdict, record.params, record.groups = Verdict(flag, amax=amax), params, groups
-        record.checked, record.stage = bool(groups), OptimizerState.UNSCALED
-
-    # -- Paddle's getters and setters ------------------------------------------------
+    # -- Paddle's getters and setters ---------------------------------------------------
     # Each read is a device sync, outside a step: the scaler itself never reads.
+
+    @property
+    def _rule(self) -> Rule:
+        return self._loss_scale.rule
+
     def is_enable(self) -> bool:
         return self._enable
 
@@ -413,54 +368,63 @@ class AmpScaler(TensorsOnHost):
         return self._rule.incr_ratio
 
     def set_incr_ratio(self, new_incr_ratio: float) -> None:
-        """Set the factor of a growth. Under ``"headroom"``: the step in which the fit
-        moves the scale, either way (it moves by whole powers of it)."""
-        self._change_rule(incr_ratio=validation.check_incr_ratio(new_incr_ratio, "new_incr_ratio"))
+        """Set the factor of a growth.
+
+        Under ``"headroom"``: the step in which the fit moves the scale, either way (it
+        moves by whole powers of it).
+        """
+        ratio = validation.check_incr_ratio(new_incr_ratio, "new_incr_ratio")
+        self._loss_scale.change_rule(incr_ratio=ratio)
 
     def get_decr_ratio(self) -> float:
         return self._rule.decr_ratio
 
     def set_decr_ratio(self, new_decr_ratio: float) -> None:
-        """Set the factor of a back-off, under either policy (under ``"headroom"`` an
-        overflow in the first three iterations backs off several such steps at once)."""
-        self._change_rule(decr_ratio=validation.check_decr_ratio(new_decr_ratio, "new_decr_ratio"))
+        """Set the factor of a back-off, under either policy.
+
+        Under ``"headroom"`` an overflow in the first three iterations backs off several
+        such steps at once.
+        """
+        ratio = validation.check_decr_ratio(new_decr_ratio, "new_decr_ratio")
+        self._loss_scale.change_rule(decr_ratio=ratio)
 
     def get_incr_every_n_steps(self) -> int:
         return self._rule.incr_every_n_steps
 
     def set_incr_every_n_steps(self, new_incr_every_n_steps: int) -> None:
         """Under ``"interval"``: set the growth period; a streak already that long grows at
-        the next finite step. Under ``"headroom"``, which grows by what it measures: how
-        long a scale that overflowed is held off, a growth each that many iterations."""
+        the next finite step.
+
+        Under ``"headroom"``, which grows by what it measures: how long a scale that
+        overflowed is held off, a growth each that many iterations.
+        """
         name = "new_incr_every_n_steps"
         period = validation.check_period(new_incr_every_n_steps, name, integral_float=True)
-        self._change_rule(incr_every_n_steps=period)
-        incr_count, decr_count = self._loss_scale.counters()
-        self._loss_scale.set_counters(min(incr_count, self._rule.incr_count_limit - 1), decr_count)
+        self._loss_scale.change_rule(incr_every_n_steps=period)
 
     def get_decr_every_n_nan_or_inf(self) -> int:
         return self._rule.decr_every_n_nan_or_inf
 
     def set_decr_every_n_nan_or_inf(self, new_decr_every_n_nan_or_inf: int) -> None:
-        """Set the back-off period, under either policy; a streak already that long backs off
-        at the next inf/nan."""
+        """Set the back-off period, under either policy; a streak already that long backs
+        off at the next inf/nan.
+        """
         name = "new_decr_every_n_nan_or_inf"
         period = validation.check_period(new_decr_every_n_nan_or_inf, name, integral_float=True)
-        self._change_rule(decr_every_n_nan_or_inf=period)
-        incr_count, decr_count = self._loss_scale.counters()
-        self._loss_scale.set_counters(incr_count, min(decr_count, period - 1))
+        self._loss_scale.change_rule(decr_every_n_nan_or_inf=period)
 
     def get_incr_count(self) -> int:
         """Finite steps since the last increase or inf/nan step; under ``"headroom"``,
-        since the last inf/nan step (may read the device)."""
+        since the last inf/nan step (may read the device).
+        """
         return self._loss_scale.counters()[0]
 
     def set_incr_count(self, new_incr_count: int) -> None:
         """Set the count of finite steps: under ``"interval"`` a growth comes when it
-        reaches ``incr_every_n_steps``; under ``"headroom"`` it only counts."""
-        count = validation.check_count(
-            new_incr_count, "new_incr_count", self._rule.incr_count_limit, "incr_every_n_steps"
-        )
+        reaches ``incr_every_n_steps``; under ``"headroom"`` it only counts.
+        """
+        limit, name = self._rule.incr_count_limit, "incr_every_n_steps"
+        count = validation.check_count(new_incr_count, "new_incr_count", limit, name)
         self._loss_scale.set_counters(count, self._loss_scale.counters()[1])
 
     def get_decr_count(self) -> int:
@@ -469,39 +433,41 @@ class AmpScaler(TensorsOnHost):
 
     def set_decr_count(self, new_decr_count: int) -> None:
         """Set the count of inf/nan steps in a row, under either policy: a back-off comes
-        when it reaches ``decr_every_n_nan_or_inf``."""
-        period = self._rule.decr_every_n_nan_or_inf
-        name = "decr_every_n_nan_or_inf"
+        when it reaches ``decr_every_n_nan_or_inf``.
+        """
+        period, name = self._rule.decr_every_n_nan_or_inf, "decr_every_n_nan_or_inf"
         count = validation.check_count(new_decr_count, "new_decr_count", period, name)
         self._loss_scale.set_counters(self._loss_scale.counters()[0], count)
 
+    # -- What the run did, saved and loaded ----------------------------------------------
+
     def stats(self) -> ScalerStats:
         """``ScalerStats`` of the run: counts, scale, headroom where measured (one device read)."""
-        return self._read()[1] if self._enable else ScalerStats(0, 0, 0, None, 0, 0, scale=1.0)
+        if not self._enable:
+            return ScalerStats(0, 0, 0, None, 0, 0, scale=1.0)
+
+        return self._monitors.read(self._loss_scale)[1]
 
     def last_step_skipped(self) -> bool:
         """Whether the most recent iteration skipped its step (reads the device); False
-        before the first. For an LR scheduler that must not advance on skipped steps."""
+        before the first. For an LR scheduler that must not advance on skipped steps.
+        """
         return self.stats().skip_streak > 0
-
-    def _read(self) -> tuple[Memory, ScalerStats, list[float]]:
-        """The rule's memory, the statistics and the measured totals, in one device read."""
-        self._run.count_pending()
-        memory, numbers = self._loss_scale.read(self._run.counts, self._measured.totals)
-        counts, totals = numbers[:-3], numbers[-3:]
-        stats = self._run.stats(counts, float(memory.scale), *self._measured.readings(totals))
-        return memory, stats, totals
 
     def state_dict(self) -> dict[str, Any]:
         """The scaler's state in Paddle's format (reads the device); ``{}`` when disabled."""
         if not self._enable:
             return {}
-        memory, stats, totals = self._read()
+
+        memory, stats, totals = self._monitors.read(self._loss_scale)
         return saved_state(self._rule, memory, stats, self._use_dynamic_loss_scaling, totals)
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Load a state dict of this package's, Paddle's or PyTorch's scaler, whose scale becomes
-        the initial one too, as in Paddle (a bad one: ``ValueError`` naming the key, no change)."""
+        """Load a state dict of this package's, Paddle's or PyTorch's scaler, whose scale
+        becomes the initial one too, as in Paddle.
+
+        A bad one raises ``ValueError`` naming the key, and changes nothing.
+        """
         if not self._enable:
             return
         if isinstance(state_dict, Mapping) and len(state_dict) == 0:
@@ -510,56 +476,53 @@ class AmpScaler(TensorsOnHost):
                 "saves; load it into a scaler built with enable=False, or pass the "
                 "state_dict of an enabled one"
             )
+
+        # Checked whole before anything changes.
         loaded = parse_state_dict(state_dict)
         rule = loaded.rule_over(self._rule)
         self._init_loss_scaling = loaded.scale_within(rule.min_scale, rule.max_scale)
+
         self._loss_scale.load(rule, loaded.memory_at(rule, self._init_loss_scaling))
         self._use_dynamic_loss_scaling = loaded.use_dynamic_loss_scaling
-        if loaded.stats is not None:
-            self._run.load(loaded.stats)
-        self._measured.load(loaded.measured)
+        self._monitors.load(loaded.stats, loaded.measured)
 
     def overflow_report(self, model: Any = None) -> list[OverflowEntry]:
         """The gradients that held inf or nan in the most recent iteration that found any
-        (empty if none has), most elements first, counted before unscaling; named as in
-        ``model.named_parameters()`` when ``model`` is given, else by ``param.name``."""
-        if self._overflows is None:
-            raise RuntimeError(
-                "overflow_report() needs the per-gradient counts: build the scaler with "
-                "report_overflows=True (one device read per iteration)"
-            )
-        return self._overflows.report(model)
+        (empty if none has), most elements first, counted before unscaling.
+
+        Named as in ``model.named_parameters()`` when ``model`` is given, else by
+        ``param.name``. Needs ``report_overflows``.
+        """
+        return self._monitors.overflow_report(model)
 
     def underflow_report(self, model: Any = None) -> list[UnderflowEntry]:
         """Each gradient as the last finite measured iteration found it (reads the device):
         its share of nonzero elements in float16's subnormal range and its headroom,
-        lowest first, named as by ``overflow_report``; empty before any measurement."""
-        if not self._rule.measures(1):
-            raise RuntimeError(
-                "underflow_report() needs measured gradients: build the scaler with "
-                "measure_every=N (every N-th iteration measured, from the first)"
-            )
-        names = None if self._overflows is None else self._overflows.names
-        return self._measured.report(model, names)
+        lowest first, named as by ``overflow_report``; empty before any measurement.
+
+        Needs ``measure_every`` (or the headroom policy, which measures).
+        """
+        return self._monitors.underflow_report(model)
 
     def check_consistency(self) -> None:
         """Raise ``RuntimeError`` naming the ranks whose scale, counters or statistics
         differ from the first rank's. A collective debugging aid that reads the device:
-        every rank of the scaler's group must call it."""
+        every rank of the scaler's group must call it.
+        """
         if self._enable:
-            distributed.check_consistency(self, self._sync.group)
+            distributed.check_consistency(self, self._stepping.sync.group)
 
     def __getstate__(self) -> dict[str, Any]:
-        """Pickle or deep-copy between iterations only, as in PyTorch: records hold live objects."""
-        if any(r.stage is not OptimizerState.INIT for r in self._optimizer_states.values()):
+        """Pickle or deep-copy between iterations only, as in PyTorch: a step holds live objects."""
+        steps = self._optimizer_states.values()
+        if any(step.stage is not OptimizerState.INIT for step in steps):
             raise RuntimeError(
                 "a scaler may only be pickled (or deep-copied) at the beginning of an "
                 "iteration, or at the end after scaler.update(); it was pickled after "
                 "unscale_() or step(): call scaler.update() first"
             )
-        self._run.count_pending()
-        # The optimizer types already noted stay behind: a class may not pickle.
-        return {**super().__getstate__(), "_noted_types": set()}
+
+        return super().__getstate__()
 
     def __repr__(self) -> str:
         """Scale, counters, ratios and periods (reads the device), then options not at defaults."""
@@ -572,12 +535,12 @@ class AmpScaler(TensorsOnHost):
             "policy": rule.name,
             "min_loss_scaling": rule.min_scale,
             "max_loss_scaling": rule.max_scale,
-            "stuck_after": self._stuck_policy.stuck_after,
-            "on_stuck": self._stuck_policy.on_stuck,
-            "report_overflows": self._overflows is not None,
+            "stuck_after": self._monitors.stuck_policy.stuck_after,
+            "on_stuck": self._monitors.stuck_policy.on_stuck,
+            "report_overflows": self._monitors.overflows is not None,
             "measure_every": None if period == type(rule).measure_every else period,
-            "group": self._sync.group,
-            "sync_found_inf": self._sync.enabled,
+            "group": self._stepping.sync.group,
+            "sync_found_inf": self._stepping.sync.enabled,
         }
         fields = self._repr_fields()
         fields.update((k, v) for k, v in options.items() if v != self._option_defaults[k])
@@ -588,7 +551,8 @@ class GradScaler(AmpScaler):
     """``AmpScaler`` with ``minimize`` split: ``step(optimizer)`` for each, then ``update()`` once.
 
     The same arguments as ``AmpScaler``, with Paddle's ``GradScaler`` defaults:
-    ``init_loss_scaling=2.0**16`` and ``incr_every_n_steps=2000``."""
+    ``init_loss_scaling=2.0**16`` and ``incr_every_n_steps=2000``.
+    """
 
     # Written out, as Paddle's is: help() and inspect show GradScaler's own defaults.
     @validation.keywords_checked
@@ -619,12 +583,13 @@ class GradScaler(AmpScaler):
     def step(self, optimizer: Any) -> None:
         """Unscale (unless done), then ``optimizer.step()`` unless inf/nan was found."""
         optimizers.check_optimizer(optimizer, "step")
-        self._step_optimizer(optimizer, optimizer.step)
+        self.step_optimizer(optimizer, optimizer.step)
 
     def update(self) -> None:
         """Update the scale once for this iteration: backs off if any stepped optimizer
-        found inf/nan. Call it after the last ``step()`` of every iteration."""
-        if not self._end_iteration():
+        found inf/nan. Call it after the last ``step()`` of every iteration.
+        """
+        if not self.end_iteration():
             raise RuntimeError(
                 "update() was called with no step() since the last update(); call "
                 "scaler.step(optimizer) for each optimizer first, then update() once"

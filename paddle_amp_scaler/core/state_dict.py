@@ -1,6 +1,7 @@
 """The formats of a scaler's ``state_dict``: Paddle's (which this package writes, with a
 few more keys that Paddle's own ``load_state_dict`` ignores) and PyTorch's, each read into
-one record checked whole before anything is loaded, so that a bad dict changes nothing."""
+one record checked whole before anything is loaded, so that a bad dict changes nothing.
+"""
 
 from __future__ import annotations
 
@@ -13,22 +14,9 @@ import numpy as np
 import paddle
 
 from . import validation
-from .headroom import HeadroomRule
-from .interval import IntervalRule, Memory, Rule
-from .statistics import ScalerStats, parse_stats_state
+from .monitoring import ScalerStats, parse_stats_state
+from .rules import RULES, IntervalRule, Memory, Rule, rule_named
 from .validation import FLOAT32_MAX
-
-# The rules by name: the one place where ``policy="headroom"`` becomes a type; past the
-# constructor and the state dict, the rule itself answers.
-RULES: dict[str, type[Rule]] = {rule.name: rule for rule in (IntervalRule, HeadroomRule)}
-
-
-def rule_named(name: object, argument: str = "policy") -> type[Rule]:
-    """The rule type called ``name``; ``ValueError`` naming ``argument`` and the names."""
-    if not isinstance(name, str) or name not in RULES:
-        accepted = " or ".join(repr(choice) for choice in RULES)
-        raise ValueError(f"{argument} must be {accepted}, got {name!r}")
-    return RULES[name]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,9 +44,11 @@ class SavedScaler:
     def rule_over(self, current: Rule) -> Rule:
         """The rule this record describes, for a scaler under ``current``: of the saved
         type where the dict names one (a ``UserWarning`` where that differs: a resume
-        continues the run it saved), with the saved settings, and bounds where saved."""
+        continues the run it saved), with the saved settings, and bounds where saved.
+        """
         rule_type = type(current) if self.policy is None else RULES[self.policy]
         lower, upper = self.bounds or (current.min_scale, current.max_scale)
+
         # What the current rule holds beyond the saved settings (measure_every, the
         # tuning), where it is of the same type; else the saved type's defaults.
         kept = dataclasses.asdict(current)
@@ -72,6 +62,7 @@ class SavedScaler:
                 UserWarning,
                 stacklevel=3,
             )
+
         settings = ("incr_ratio", "decr_ratio", "incr_every_n_steps", "decr_every_n_nan_or_inf")
         saved = {key: getattr(self, key) for key in settings}
         return rule_type(**{**kept, **saved, "min_scale": lower, "max_scale": upper})
@@ -86,6 +77,7 @@ class SavedScaler:
                 UserWarning,
                 stacklevel=4,
             )
+
         return clamped
 
     def memory_at(self, rule: Rule, scale: float) -> Memory:
@@ -99,7 +91,8 @@ def saved_state(
     rule: Rule, memory: Memory, stats: ScalerStats, dynamic: bool, totals: list[float]
 ) -> dict[str, Any]:
     """The state dict of a scaler under ``rule`` with ``memory``, ``stats`` and measured
-    ``totals``: Paddle's keys, then this package's."""
+    ``totals``: Paddle's keys, then this package's.
+    """
     state: dict[str, Any] = {
         "scale": np.array([memory.scale], dtype=np.float32),
         "incr_ratio": rule.incr_ratio,
@@ -113,12 +106,15 @@ def saved_state(
         "max_loss_scaling": rule.max_scale,
         "stats": stats.to_state(),
     }
+
     if any(totals):
         amax, subnormal, nonzero = totals
         state["measured"] = {"amax": amax, "subnormal": int(subnormal), "nonzero": int(nonzero)}
+
     state["policy"] = rule.name
     if rule.state_key is not None:
         state[rule.state_key] = rule.memory_to_state(memory)
+
     return state
 
 
@@ -139,7 +135,8 @@ _TORCH_IMPLIED = {"decr_every_n_nan_or_inf": 1, "decr_count": 0, "use_dynamic_lo
 
 def parse_state_dict(state_dict: Mapping[str, Any]) -> SavedScaler:
     """Validate a Paddle-format or PyTorch-format state dict, unknown keys ignored:
-    ``ValueError`` naming the (source) key for a missing key or a bad value."""
+    ``ValueError`` naming the (source) key for a missing key or a bad value.
+    """
     if not isinstance(state_dict, Mapping):
         raise TypeError(f"state_dict must be a dict, got {type(state_dict).__name__}")
     try:
@@ -150,6 +147,7 @@ def parse_state_dict(state_dict: Mapping[str, Any]) -> SavedScaler:
 
 
 def _parsed(state_dict: Mapping[str, Any]) -> SavedScaler:
+    # Each of our keys by the key it has in the dict's format: PyTorch's, or Paddle's.
     if "growth_factor" in state_dict:
         source_key = {ours: theirs for theirs, ours in _TORCH_TO_PADDLE.items()}
         values: dict[str, Any] = dict(_TORCH_IMPLIED)
@@ -161,17 +159,21 @@ def _parsed(state_dict: Mapping[str, Any]) -> SavedScaler:
             raise ValueError(f"state_dict is missing the key {theirs!r}")
         values[ours] = state_dict[theirs]
 
+    # Errors name the key as the dict has it.
     def checked(key: str, check: Callable[..., Any], *args: Any) -> Any:
         return check(values[key], f"state_dict[{source_key.get(key, key)!r}]", *args)
 
     incr_period = checked("incr_every_n_steps", validation.check_period)
     decr_period = checked("decr_every_n_nan_or_inf", validation.check_period)
+
+    # The rule it was saved under, and what that rule remembers beyond the counters.
     policy = None
     if "policy" in state_dict:
         policy = rule_named(state_dict["policy"], "state_dict['policy']").name
     for key in (rule.state_key for rule in RULES.values() if rule.state_key):
         if policy is None and key in state_dict:
             raise ValueError(f"state_dict has {key!r} but is missing the key 'policy'")
+
     rule = RULES[policy or IntervalRule.name]
     # A rule that does not grow by the counters counts finite iterations past the period.
     incr_limit = rule(incr_every_n_steps=incr_period).incr_count_limit
@@ -179,6 +181,7 @@ def _parsed(state_dict: Mapping[str, Any]) -> SavedScaler:
     if rule.state_key is not None:
         name = f"state_dict[{rule.state_key!r}]"
         memory = rule.memory_from_state(state_dict.get(rule.state_key), name)
+
     return SavedScaler(
         scale=checked("scale", _check_scale_value),
         incr_ratio=checked("incr_ratio", validation.check_incr_ratio),

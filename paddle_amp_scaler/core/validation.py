@@ -2,7 +2,8 @@
 returning the value as a plain Python type or raising ``TypeError`` (wrong kind) or
 ``ValueError`` (out of range) naming the argument; and, once, the limits of what a scaler
 keeps: the scale in float32, its counters and periods in int32 (Paddle's
-``update_loss_scaling`` kernel), and gradients in float16, inf above its largest value."""
+``update_loss_scaling`` kernel), and gradients in float16, inf above its largest value.
+"""
 
 from __future__ import annotations
 
@@ -33,9 +34,11 @@ def _integer(value: Any, name: str, integral_float: bool = False) -> int:
         if not value.is_integer():
             raise ValueError(f"{name} must be a whole number, got {value!r}")
         return int(value)
+
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
         wanted = "an int (or a whole float such as 2.0)" if integral_float else "an int"
         raise TypeError(f"{name} must be {wanted}, got {value!r} ({type(value).__name__})")
+
     return int(value)
 
 
@@ -76,7 +79,8 @@ def check_rule_settings(
     incr_ratio: Any, decr_ratio: Any, incr_every_n_steps: Any, decr_every_n_nan_or_inf: Any
 ) -> dict[str, Any]:
     """Paddle's four arguments of a dynamic rule, as a rule's settings. Paddle's scaler
-    takes the periods unchecked, so code may give 1000.0."""
+    takes the periods unchecked, so code may give 1000.0.
+    """
     periods = dict(
         incr_every_n_steps=incr_every_n_steps, decr_every_n_nan_or_inf=decr_every_n_nan_or_inf
     )
@@ -108,7 +112,8 @@ def check_int_within(
     value: Any, name: str, lower: int, upper: int, *, integral_float: bool = False
 ) -> int:
     """An int from ``lower`` to ``upper``; with ``integral_float``, a whole float such as
-    2.0 too (Paddle's and tf-keras' scalers take one), returned as an int."""
+    2.0 too (Paddle's and tf-keras' scalers take one), returned as an int.
+    """
     whole = _integer(value, name, integral_float)
     if not lower <= whole <= upper:
         raise ValueError(f"{name} must be an int from {lower} to {upper}, got {value!r}")
@@ -124,9 +129,11 @@ def check_number_within(value: Any, name: str, lower: float, upper: float) -> fl
 
 def check_place(value: Any, name: str = "place") -> Any:
     """Where tensors go: None (Paddle's current device), a device string such as "cpu" or
-    "gpu:1", or a Paddle place object. Paddle itself refuses a string it cannot parse."""
+    "gpu:1", or a Paddle place object. Paddle itself refuses a string it cannot parse.
+    """
     if value is None or isinstance(value, str) or type(value).__name__.endswith("Place"):
         return value
+
     wanted = 'None, a device string such as "cpu" or "gpu:0", or a Paddle place'
     raise TypeError(f"{name} must be {wanted}, got {value!r} ({type(value).__name__})")
 
@@ -142,6 +149,7 @@ def check_bounds(
     upper = None if max_scale is None else check_scale(max_scale, max_name)
     if upper is not None and upper < lower:
         raise ValueError(f"{max_name} ({max_scale!r}) must be >= {min_name} ({min_scale!r})")
+
     return lower, upper
 
 
@@ -172,20 +180,24 @@ def check_keywords(
     advice: Callable[[str], str | None] = lambda name: None,
 ) -> None:
     """Raise ``UnknownArgumentError`` for the names in ``given`` that are not ``known``:
-    ``advice(name)`` where it has some, else "did you mean" the closest known name."""
+    ``advice(name)`` where it has some, else "did you mean" the closest known name.
+    """
     unknown = [name for name in given if name not in known]
+
     fixes = []
     for name in unknown:
         close = difflib.get_close_matches(name, known, n=1)
         meant = f"did you mean {close[0]!r}?" if close else f"it takes {', '.join(known)}"
         fixes.append(f"{name!r} ({advice(name) or meant})")
+
     if fixes:
         raise UnknownArgumentError(f"{owner} does not take " + "; ".join(fixes))
 
 
 def keyword_names(function: Callable[..., Any], keyword_only: bool = False) -> list[str]:
     """The arguments of ``function`` that can be given by keyword (``self`` left out),
-    or only those that must be."""
+    or only those that must be.
+    """
     kinds = {"KEYWORD_ONLY"} if keyword_only else {"KEYWORD_ONLY", "POSITIONAL_OR_KEYWORD"}
     parameters = inspect.signature(function).parameters.values()
     return [each.name for each in parameters if each.kind.name in kinds and each.name != "self"]
@@ -201,7 +213,8 @@ _Init = TypeVar("_Init", bound=Callable[..., None])
 
 def keywords_checked(init: _Init) -> _Init:
     """Decorate an ``__init__`` so that unknown keywords raise ``UnknownArgumentError``
-    (Python's own ``TypeError`` names only the first one and suggests nothing)."""
+    (Python's own ``TypeError`` names only the first one and suggests nothing).
+    """
     known = keyword_names(init)
 
     @functools.wraps(init)

@@ -59,7 +59,8 @@ class CensusCounts:
 
 def count_float16_range(values: Any) -> CensusCounts:
     """Where the elements of ``values`` (a tensor or an array) land when rounded to
-    float16: ``CensusCounts`` of them. Elements already inf or nan are left out."""
+    float16: ``CensusCounts`` of them. Elements already inf or nan are left out.
+    """
     return _counted(_finite_magnitudes(values))
 
 
@@ -151,12 +152,14 @@ class UnderflowCensus:
     def hook(self, label: str = "") -> Callable[[paddle.Tensor], None]:
         """A gradient hook that counts into this census and leaves the gradient as it is
         (``observe`` returns None: a hook returning anything but a tensor or None crashes
-        Paddle's backward pass)."""
+        Paddle's backward pass).
+        """
         return functools.partial(self.observe, label=label)
 
     def end_iteration(self, *, skipped: bool = False) -> CensusCounts:
         """Close the current iteration: its counts are kept, or discarded if its step was
-        ``skipped``. Returns them either way."""
+        ``skipped``. Returns them either way.
+        """
         counts, by_label = self._current, self._current_by_label
         self._current, self._current_by_label = CensusCounts(), {}
         self.last_by_label = by_label
@@ -205,7 +208,8 @@ def _require_layer(model: Any) -> None:
 def _cast_rounds_to_nearest() -> bool:
     """Whether Paddle's cast to float16 rounds to nearest, as float16 arithmetic and every
     GPU cast do. Paddle 2.6's CPU cast truncates toward zero instead: an emulation built
-    on it would flush everything below 2**-24, not 2**-25, and bias every value down."""
+    on it would flush everything below 2**-24, not 2**-25, and bias every value down.
+    """
     below_a_half_ulp = paddle.to_tensor([1 + 0.75 * 2.0**-10], dtype=paddle.float32)
     rounded = below_a_half_ulp.astype(paddle.float16).astype(paddle.float32)
     return bool(rounded.numpy()[0] == 1 + 2.0**-10)
@@ -265,7 +269,8 @@ def round_through_float16(
 
 class RestoredForward:
     """Undoes ``round_linear_layers`` for one layer: ``remove()`` gives it back its own
-    ``forward``."""
+    ``forward``.
+    """
 
     def __init__(self, layer: paddle.nn.Layer) -> None:
         self._layer = layer

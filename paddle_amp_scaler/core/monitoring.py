@@ -1,0 +1,633 @@
+"""What watches a run, behind one small interface (``Monitor``): the run's statistics,
+the measurements of the scaled gradients, the per-gradient overflow counts, and the policy
+for a run that skips every step (the one failure loss scaling cannot heal).
+
+A monitor may look at an iteration's scaled gradients before an unscale writes them
+(``looks_at``, ``before_unscale``), and hears the end of every iteration
+(``end_iteration``). All of them count on the device with no read in a step, but the
+overflow counts (one read per iteration, asked for) and the stuck policy (one read per
+``min(stuck_after, 100)`` iterations).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+import math
+import warnings
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NamedTuple, Union, cast
+
+import numpy as np
+import paddle
+from paddle import Tensor
+
+from . import distributed, kernels, validation
+from .kernels import dtype_name
+from .pickling import TensorsOnHost
+
+if TYPE_CHECKING:
+    from .loss_scale import LossScale
+    from .rules import Memory
+    from .step import Verdict
+
+logger = logging.getLogger("paddle_amp_scaler")
+
+# How many gradients a log line names.
+_LOGGED = 5
+
+
+class IterationEnd(NamedTuple):
+    """An iteration as it ends, told to every monitor.
+
+    Args:
+        number: the iteration's number, from 1.
+        verdict: whether any stepped optimizer found inf/nan, joined over them.
+        acted: whether the rule grew or backed off (a host bool, or a bool [1] tensor).
+        stats: reads the scaler's ``ScalerStats`` (a device read).
+    """
+
+    number: int
+    verdict: Verdict
+    acted: bool | Tensor
+    stats: Callable[[], ScalerStats]
+
+
+class Monitor:
+    """What watches a run: a monitor overrides the hooks it needs, each a no-op here."""
+
+    def looks_at(self, iteration: int) -> bool:
+        """Whether ``before_unscale`` should see the gradients of ``iteration`` (from 1)."""
+        return False
+
+    def before_unscale(
+        self, params: list[Any] | None, grads: list[Tensor | None], times: Tensor | None
+    ) -> Tensor | None:
+        """See one unscale's gradients as backward left them (``params``: their parameters,
+        None for gradients handed over without); ``times``: a scale they are to be seen at.
+        Returns their largest magnitude, float32 [1] on the device, where it measured them.
+        """
+        return None
+
+    def end_iteration(self, end: IterationEnd) -> None:
+        """Hear the end of an iteration (in the order the scaler lists the monitors)."""
+
+
+# The device counts, in order. "since_skip" counts iterations since the last skipped one,
+# which gives the last skipped iteration without knowing its number on the device.
+_COUNTS = ("skipped", "skip_streak", "since_skip", "growths", "backoffs")
+
+
+@dataclasses.dataclass(frozen=True)
+class ScalerStats:
+    """A scaler's run so far, as read by ``stats()``.
+
+    Args:
+        iterations: the iterations ended by ``update()`` or ``minimize()``.
+        skipped: how many of them were skipped (an optimizer found inf/nan).
+        skip_streak: the current run of consecutive skipped iterations.
+        last_skipped: the number (1-based) of the last skipped iteration, or None.
+        growths: the times the update rule raised the scale.
+        backoffs: the times it backed off after an overflow (one held at the floor
+            counts; the headroom policy's fit downward, which skips nothing, does not).
+        scale: the current scale.
+        headroom_bits: ``log2(65504 / amax)`` of the last finite measured iteration's
+            scaled gradients: how many doublings they had left before inf. None before
+            any measurement; negative where they were not float16 (``docs/monitoring.md``).
+        subnormal_fraction: of that iteration's nonzero scaled gradient elements, the
+            share in float16's subnormal range (``0 < |g| < 2**-14``); None as above.
+    """
+
+    iterations: int
+    skipped: int
+    skip_streak: int
+    last_skipped: int | None
+    growths: int
+    backoffs: int
+    scale: float
+    headroom_bits: float | None = None
+    subnormal_fraction: float | None = None
+
+    def to_state(self) -> dict[str, int]:
+        """The counts as a dict of ints, for state dicts (``last_skipped`` 0 for None)."""
+        state = {field: getattr(self, field) for field in _STATE_FIELDS}
+        state["last_skipped"] = self.last_skipped or 0
+        return state
+
+
+_STATE_FIELDS = ("iterations", "skipped", "skip_streak", "last_skipped", "growths", "backoffs")
+
+
+def parse_stats_state(value: Any, name: str = "state_dict['stats']") -> ScalerStats:
+    """A ``to_state()`` dict, checked for consistency; ``ValueError`` (``TypeError`` for a
+    value of the wrong kind) naming ``name``.
+    """
+    validation.check_keys(value, name, _STATE_FIELDS)
+    counts = {
+        field: validation.check_int_within(value[field], f"{name}[{field!r}]", 0, 2**63 - 1)
+        for field in _STATE_FIELDS
+    }
+
+    iterations, skipped, streak, last = (counts[field] for field in _STATE_FIELDS[:4])
+    if not (
+        streak <= skipped <= iterations
+        and last <= iterations
+        and (last == 0) == (skipped == 0)
+        and (streak == 0 or last == iterations)
+        and streak <= last
+    ):
+        raise ValueError(f"{name} holds counts that no run can produce: {dict(value)}")
+
+    return dataclasses.replace(ScalerStats(**counts, scale=1.0), last_skipped=last or None)
+
+
+# Iterations kept at most before they are counted.
+_FOLD_EVERY = 128
+
+
+class RunStatistics(Monitor, TensorsOnHost):
+    """The counts behind ``ScalerStats``: an int64 [5] tensor of ``_COUNTS`` on the device,
+    and the number of iterations on the host. An iteration's verdict and whether the rule
+    acted (host bools or bool [1] tensors) are kept as they come and added up every
+    ``_FOLD_EVERY`` iterations or before a read.
+    """
+
+    def __init__(self, place: Any) -> None:
+        self.counts = paddle.to_tensor([0] * len(_COUNTS), dtype=paddle.int64, place=place)
+        self._pending: list[tuple[bool | Tensor, bool | Tensor]] = []
+        self.iterations = 0
+
+    def end_iteration(self, end: IterationEnd) -> None:
+        """Count one iteration; nothing is read."""
+        # Kept as it came: a host bool where the verdict reached the host, else the flag.
+        verdict = end.verdict
+        found = verdict.flag if verdict.on_host is None else verdict.on_host
+        self.iterations += 1
+        self._pending.append((found, end.acted))
+
+        if len(self._pending) == _FOLD_EVERY:
+            self.count_pending()
+
+    def count_pending(self) -> None:
+        """Add up the iterations kept so far, on the device."""
+        pending, self._pending = self._pending, []
+        if not pending:
+            return
+
+        n = len(pending)
+        skipped = self._column([found for found, _ in pending])
+        fired = self._column([acted for _, acted in pending])
+
+        # The 1-based positions of the last skipped and the last finite iteration, 0 if none.
+        positions = paddle.arange(1, n + 1, dtype=paddle.int64)
+        # The kernel itself: Paddle 3.2's paddle.max and Tensor.max warn on a user's
+        # terminal ("Non compatible API": PyTorch's max differs).
+        last_skip = kernels.C_ops.max(skipped * positions, [], False)
+        last_finite = kernels.C_ops.max((1 - skipped) * positions, [], False)
+
+        counts = self.counts
+        self.counts = paddle.stack(
+            [
+                counts[0] + skipped.sum(),
+                # A streak that ran through every kept iteration continues the old one.
+                paddle.where(last_finite == 0, counts[1] + n, n - last_finite),
+                paddle.where(last_skip == 0, counts[2] + n, n - last_skip),
+                counts[3] + (fired * (1 - skipped)).sum(),
+                counts[4] + (fired * skipped).sum(),
+            ]
+        )
+
+    def _column(self, flags: list[bool | Tensor]) -> Tensor:
+        """``flags`` as one int64 tensor: each run of host bools in one operation."""
+        pieces: list[Tensor] = []
+        for on_host, run in itertools.groupby(flags, key=lambda flag: isinstance(flag, bool)):
+            if on_host:
+                pieces += [paddle.to_tensor(list(run), dtype=paddle.bool, place=self.counts.place)]
+            else:
+                pieces += [kernels.local_value(cast(Tensor, flag)) for flag in run]
+
+        column = pieces[0] if len(pieces) == 1 else paddle.concat(pieces)
+        return column.astype(paddle.int64)
+
+    def stats(self, counts: list[float], scale: float, *measured: float | None) -> ScalerStats:
+        """The ``ScalerStats`` of ``counts``, the values of ``self.counts`` read after
+        ``count_pending``, and of ``measured``: the headroom and subnormal fraction.
+        """
+        skipped, streak, since_skip, growths, backoffs = (int(count) for count in counts)
+        last = self.iterations - since_skip if skipped else None
+        return ScalerStats(
+            self.iterations, skipped, streak, last, growths, backoffs, scale, *measured
+        )
+
+    def load(self, stats: ScalerStats) -> None:
+        self._pending = []
+
+        since_skip = 0 if stats.last_skipped is None else stats.iterations - stats.last_skipped
+        counts = [stats.skipped, stats.skip_streak, since_skip, stats.growths, stats.backoffs]
+        self.counts = paddle.to_tensor(counts, dtype=paddle.int64, place=self.counts.place)
+        self.iterations = stats.iterations
+
+
+class LossScaleStuckError(RuntimeError):
+    """Every one of the last ``stuck_after`` iterations or more was skipped.
+
+    Raised by the ``update()`` or ``minimize()`` that found it, after that iteration's
+    update: the scaler is consistent and its ``state_dict()`` resumes.
+    """
+
+
+OnStuck = Union[str, Callable[[ScalerStats], Any]]
+
+
+class StuckPolicy(Monitor):
+    """What to do (``on_stuck``) when ``stuck_after`` consecutive iterations or more were
+    skipped. The streak is read once every ``k = min(stuck_after, 100)`` iterations (a
+    read each step would cost a sync each), so it fires after ``stuck_after`` to
+    ``stuck_after + k - 1`` consecutive skips.
+    """
+
+    def __init__(self, stuck_after: int | None, on_stuck: OnStuck) -> None:
+        if stuck_after is not None:
+            if isinstance(stuck_after, bool) or not isinstance(stuck_after, int):
+                raise TypeError(f"stuck_after must be None or an int, got {stuck_after!r}")
+            if stuck_after < 1:
+                raise ValueError(f"stuck_after must be None or an int >= 1, got {stuck_after!r}")
+
+        if not (on_stuck in ("warn", "raise") or callable(on_stuck)):
+            raise ValueError(
+                'on_stuck must be "warn", "raise" or a callable taking ScalerStats, '
+                f"got {on_stuck!r}"
+            )
+
+        self.stuck_after = stuck_after
+        self.on_stuck = on_stuck
+        self._warned_streak_start: int | None = None
+
+    def end_iteration(self, end: IterationEnd) -> None:
+        if self.stuck_after is None or end.number % min(self.stuck_after, 100):
+            return
+
+        stats = end.stats()
+        if stats.skip_streak < self.stuck_after:
+            return
+
+        message = (
+            f"the last {stats.skip_streak} iterations were all skipped (inf/nan gradients "
+            f"at every scale down to {stats.scale:g}); stuck_after={self.stuck_after}. "
+            "Check the model and the data for inf/nan, or lower the learning rate"
+        )
+
+        if callable(self.on_stuck):
+            self.on_stuck(stats)
+        elif self.on_stuck == "raise":
+            raise LossScaleStuckError(message)
+        else:
+            streak_start = stats.iterations - stats.skip_streak + 1
+            # One report per streak, as a warning (which a user can filter or make an
+            # error), from rank 0: one rank speaks for all.
+            if streak_start != self._warned_streak_start and distributed.on_rank_zero():
+                self._warned_streak_start = streak_start
+                warnings.warn(message, RuntimeWarning, stacklevel=4)
+
+
+@dataclasses.dataclass(frozen=True)
+class OverflowEntry:
+    """One gradient that held inf or nan in iteration ``iteration`` (1-based)."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    num_inf: int
+    num_nan: int
+    iteration: int
+
+
+@dataclasses.dataclass(frozen=True)
+class UnderflowEntry:
+    """One gradient as the last finite measured iteration found it, scaled.
+
+    Args:
+        subnormal: its elements in float16's subnormal range (``0 < |g| < 2**-14``),
+            the first to flush to zero.
+        nonzero: its nonzero elements.
+        headroom_bits: ``log2(65504 / amax)`` of its largest magnitude: how many
+            doublings of the scale it had left before inf (None: all zero).
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    subnormal: int
+    nonzero: int
+    headroom_bits: float | None
+
+    @property
+    def subnormal_fraction(self) -> float | None:
+        """``subnormal`` over ``nonzero`` (None: all zero)."""
+        return self.subnormal / self.nonzero if self.nonzero else None
+
+
+def recorder_for(report_overflows: Any) -> OverflowRecorder | None:
+    """The recorder ``report_overflows`` asks for: None for False; for a model, one that
+    names each gradient as ``model.named_parameters()`` does, in reports and logs.
+    """
+    if isinstance(report_overflows, (bool, np.bool_)):
+        return OverflowRecorder() if report_overflows else None
+
+    if not callable(getattr(report_overflows, "named_parameters", None)):
+        raise TypeError(
+            "report_overflows must be a bool, or the model (a paddle.nn.Layer) whose parameter "
+            f"names the report and its log lines should use, got {report_overflows!r}"
+        )
+
+    return OverflowRecorder({p.name: name for name, p in report_overflows.named_parameters()})
+
+
+class OverflowRecorder(Monitor):
+    """Counts inf and nan per gradient during an iteration; keeps the last iteration that
+    had any. ``names`` maps Paddle's parameter names (``linear_0.w_0``) to the model's structured
+    ones (``0.weight``) where it knows them.
+    """
+
+    def __init__(self, names: dict[str, str] | None = None) -> None:
+        self.names = names or {}
+        # Per unscale: (param, grad dtype) in the order of the tally's rows, and the tally.
+        self._pending: list[tuple[list[tuple[Any, Any]], Tensor]] = []
+        # The last iteration that found inf/nan: each entry with its parameter.
+        self._last: list[tuple[Any, OverflowEntry]] = []
+
+    def looks_at(self, iteration: int) -> bool:
+        return True
+
+    def before_unscale(
+        self, params: list[Any] | None, grads: list[Tensor | None], times: Tensor | None
+    ) -> None:
+        """Queue each gradient's inf and nan counts (of a sharded one, this rank's shard):
+        five operations per gradient. Gradients handed over without parameters go uncounted.
+        """
+        if params is None:
+            return
+
+        shards = (kernels.held_shard(grad) for grad in grads)
+        checked = [(param, grad) for param, grad in zip(params, shards) if kernels.is_checked(grad)]
+        if checked:
+            counts = [
+                paddle.stack([paddle.isinf(grad).sum(), paddle.isnan(grad).sum()])
+                for _, grad in checked
+            ]
+            owners = [(param, grad.dtype) for param, grad in checked]
+            self._pending.append((owners, paddle.stack(counts)))
+
+    def end_iteration(self, end: IterationEnd) -> None:
+        """Read this iteration's counts and verdict (one device read); keep the counts of
+        an iteration that found inf/nan, and log it if it skipped.
+        """
+        found_inf, overflowed = self._read(end)
+        if overflowed:
+            self._last = sorted(overflowed, key=lambda kept: -(kept[1].num_inf + kept[1].num_nan))
+        if not found_inf:
+            return
+
+        # Logged on rank 0 only, by the package logger's filter: in a distributed run
+        # another rank's gradients may be the ones that overflowed.
+        if overflowed:
+            named = ", ".join(
+                f"{entry.name} ({entry.num_inf} inf, {entry.num_nan} nan)"
+                for _, entry in self._last[:_LOGGED]
+            )
+            more = f" and {len(overflowed) - _LOGGED} more" if len(overflowed) > _LOGGED else ""
+            logger.warning("iteration %d skipped: inf/nan in %s%s", end.number, named, more)
+        else:
+            logger.warning(
+                "iteration %d skipped: inf/nan found, none in the gradients this rank "
+                "counted (another rank's, in a distributed run)",
+                end.number,
+            )
+
+    def _read(self, end: IterationEnd) -> tuple[bool, list[tuple[Any, OverflowEntry]]]:
+        """The iteration's verdict and an entry per gradient that held inf or nan, read
+        from the device at once.
+        """
+        found_inf = end.verdict.on_host
+        pending, self._pending = self._pending, []
+        rows = [tally for _, tally in pending]
+        if found_inf is None:
+            # The verdict (reduced over ranks) rides in the same read, as a row of its own.
+            flag = kernels.local_value(end.verdict.flag).astype(paddle.int64)
+            rows.insert(0, paddle.expand(flag, [1, 2]))
+
+        counts = paddle.concat(rows).numpy().tolist() if rows else []
+        if found_inf is None:
+            found_inf, counts = bool(counts[0][0]), counts[1:]
+
+        owners = [owner for unscale_owners, _ in pending for owner in unscale_owners]
+        overflowed = []
+        for (param, dtype), (inf, nan) in zip(owners, counts):
+            if inf or nan:
+                name, shape = self.names.get(param.name, param.name), tuple(param.shape)
+                entry = OverflowEntry(name, shape, dtype_name(dtype), inf, nan, end.number)
+                overflowed.append((param, entry))
+        return found_inf, overflowed
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Between iterations nothing is pending; the parameters kept for naming stay out
+        # of a pickle (a copy of the weights): an unpickled report keeps its names.
+        last = [(None, entry) for _, entry in self._last]
+        return {**self.__dict__, "_pending": [], "_last": last}
+
+    def report(self, model: Any = None) -> list[OverflowEntry]:
+        """The gradients of the last iteration that found inf/nan, most elements first,
+        named by ``model.named_parameters()`` if given (else as the recorder names them).
+        """
+        names = {} if model is None else {id(p): n for n, p in model.named_parameters()}
+        return [
+            dataclasses.replace(entry, name=names.get(id(param), entry.name))
+            for param, entry in self._last
+        ]
+
+
+def _keys(owners: list[tuple[Any, ...]]) -> list[int]:
+    return [owner if isinstance(owner, int) else id(owner) for owner, _, _ in owners]
+
+
+def _headroom_bits(amax: float) -> float | None:
+    return math.log2(validation.FLOAT16_MAX / amax) if amax > 0 else None
+
+
+class Measurements(Monitor, TensorsOnHost):
+    """What the measured iterations found, kept on the device until read: ``totals``, a
+    float64 [3] tensor (largest magnitude, subnormal elements, nonzero elements) over the
+    gradients of the last finite measured iteration (zeros before it), and per gradient
+    its row of ``kernels.measure``'s table.
+    """
+
+    def __init__(self, loss_scale: LossScale) -> None:
+        # Its rule says which iterations are measured.
+        self._loss_scale = loss_scale
+        place = loss_scale.scale.place
+        self.totals = paddle.to_tensor([0.0, 0.0, 0.0], dtype=paddle.float64, place=place)
+
+        # Per unscale of this iteration: each measured gradient's (owner, shape, dtype),
+        # its owner a parameter or, for gradients handed over without one, its position.
+        self._pending: list[tuple[list[tuple[Any, ...]], Tensor]] = []
+        self._owners: list[tuple[Any, ...]] = []
+        self._table: Tensor | None = None
+
+    def looks_at(self, iteration: int) -> bool:
+        return self._loss_scale.rule.measures(iteration)
+
+    def before_unscale(
+        self, params: list[Any] | None, grads: list[Tensor | None], times: Tensor | None
+    ) -> Tensor | None:
+        """Measure the gradients (``kernels.measure``, times ``times`` if given) and keep
+        the table until the iteration's end; returns its amax.
+        """
+        table = kernels.measure(grads, times=times)
+        if table is None:
+            return None
+
+        shards = [kernels.held_shard(grad) for grad in grads]
+        owners = [
+            (params[index] if params else index, tuple(shard.shape), dtype_name(shard.dtype))
+            for index, shard in enumerate(shards)
+            if kernels.is_checked(shard)
+        ]
+        self._pending.append((owners, table))
+
+        return kernels.amax_in(table)
+
+    def end_iteration(self, end: IterationEnd) -> None:
+        """Keep this iteration's measurement where it was finite, decided on the device;
+        its amax the one the ranks agreed, where they did.
+        """
+        if not self._pending:
+            return
+
+        pending, self._pending = self._pending, []
+        found, amax = end.verdict.on_host, end.verdict.amax
+        if found:
+            # Known on the host to have overflowed: nothing of it is kept.
+            return
+
+        table = paddle.concat([table for _, table in pending])
+        owners = [owner for unscale_owners, _ in pending for owner in unscale_owners]
+        largest = kernels.C_ops.max(table[:, 0], [], False) if amax is None else amax.reshape([])
+        columns = [largest.astype(paddle.float64), table[:, 1].sum(), table[:, 2].sum()]
+        totals = paddle.stack(columns)
+
+        # Known on the device only: the last finite measurement stays where this one
+        # overflowed. The gradients are the same ones where the owners are, by identity (a
+        # parameter compared with == is compared element by element).
+        same = self._table is not None and _keys(owners) == _keys(self._owners)
+        if found is None:
+            flag = kernels.local_value(end.verdict.flag)
+            totals = paddle.where(flag, self.totals, totals)
+            if same:
+                table = paddle.where(flag, self._table, table)
+
+        self.totals, self._owners, self._table = totals, owners, table
+
+    def load(self, measured: dict[str, float] | None) -> None:
+        """Take the totals a state dict saved (None: none measured yet)."""
+        values = [0.0, 0.0, 0.0] if measured is None else list(measured.values())
+        self.totals = paddle.to_tensor(values, dtype=paddle.float64, place=self.totals.place)
+
+    @staticmethod
+    def readings(totals: list[float]) -> tuple[float | None, float | None]:
+        """``headroom_bits`` and ``subnormal_fraction`` from the values of ``totals``."""
+        amax, subnormal, nonzero = totals
+        return _headroom_bits(amax), (subnormal / nonzero if nonzero else None)
+
+    def report(self, model: Any, names: dict[str, str] | None) -> list[UnderflowEntry]:
+        """Per gradient, the largest share near float16's floor first (one read)."""
+        if self._table is None:
+            return []
+
+        by_id = {} if model is None else {id(p): n for n, p in model.named_parameters()}
+        entries = []
+        rows = self._table.numpy().tolist()
+        for (owner, shape, dtype), (amax, subnormal, nonzero) in zip(self._owners, rows):
+            if isinstance(owner, int):
+                name = f"grads[{owner}]"
+            else:
+                name = by_id.get(id(owner)) or (names or {}).get(owner.name, owner.name)
+            bits = _headroom_bits(amax)
+            entries.append(UnderflowEntry(name, shape, dtype, int(subnormal), int(nonzero), bits))
+
+        return sorted(
+            entries,
+            key=lambda entry: (-(entry.subnormal_fraction or 0.0), -(entry.headroom_bits or 0.0)),
+        )
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The parameters stay out of a pickle (a copy of the weights): so do their rows.
+        return {**super().__getstate__(), "_pending": [], "_owners": [], "_table": None}
+
+
+class Monitors(TensorsOnHost):
+    """A scaler's monitors by role, and in the order they hear an iteration end.
+
+    Args:
+        loss_scale: the scale whose rule says which iterations are measured.
+        report_overflows: False, True or the model (``recorder_for``).
+        stuck_after, on_stuck: the stuck policy (``StuckPolicy``).
+    """
+
+    def __init__(
+        self, loss_scale: LossScale, report_overflows: Any, stuck_after: Any, on_stuck: Any
+    ) -> None:
+        self.run = RunStatistics(loss_scale.scale.place)
+        self.measured = Measurements(loss_scale)
+        self.overflows = recorder_for(report_overflows)
+        self.stuck_policy = StuckPolicy(stuck_after, on_stuck)
+
+        # Those that look at the gradients before an unscale writes them.
+        self.looking: list[Monitor] = [self.measured]
+        if self.overflows is not None:
+            self.looking.append(self.overflows)
+
+        # The counts first; the stuck policy last, so that its LossScaleStuckError leaves a
+        # consistent, resumable scaler. A monitor that is off is left out: it costs nothing.
+        self.in_order: list[Monitor] = [self.run, *self.looking]
+        if self.stuck_policy.stuck_after is not None:
+            self.in_order.append(self.stuck_policy)
+
+    def read(self, loss_scale: LossScale) -> tuple[Memory, ScalerStats, list[float]]:
+        """The rule's memory, the run's statistics and the measured totals, in one read."""
+        self.run.count_pending()
+        memory, numbers = loss_scale.read(self.run.counts, self.measured.totals)
+
+        counts, totals = numbers[:-3], numbers[-3:]
+        readings = self.measured.readings(totals)
+        return memory, self.run.stats(counts, float(memory.scale), *readings), totals
+
+    def load(self, stats: ScalerStats | None, measured: dict[str, float] | None) -> None:
+        """Take what a state dict saved: the run's counts (None: kept), the measured totals."""
+        if stats is not None:
+            self.run.load(stats)
+        self.measured.load(measured)
+
+    def overflow_report(self, model: Any) -> list[OverflowEntry]:
+        if self.overflows is None:
+            raise RuntimeError(
+                "overflow_report() needs the per-gradient counts: build the scaler with "
+                "report_overflows=True (one device read per iteration)"
+            )
+
+        return self.overflows.report(model)
+
+    def underflow_report(self, model: Any) -> list[UnderflowEntry]:
+        if not self.measured.looks_at(1):
+            raise RuntimeError(
+                "underflow_report() needs measured gradients: build the scaler with "
+                "measure_every=N (every N-th iteration measured, from the first)"
+            )
+
+        names = None if self.overflows is None else self.overflows.names
+        return self.measured.report(model, names)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Between iterations: what is kept uncounted is counted first, on the device.
+        self.run.count_pending()
+        return super().__getstate__()
