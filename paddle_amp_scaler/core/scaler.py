@@ -102,6 +102,8 @@ class AmpScaler(TensorsOnHost):
         sync_found_inf: bool = True,
     ) -> None:
         self._enable = validation.check_bool(enable, "enable")
+
+        # The rule, and the scale it moves on the device.
         rule = rule_from_arguments(
             policy,
             incr_ratio,
@@ -123,6 +125,8 @@ class AmpScaler(TensorsOnHost):
         self._found_inf: Any = self._temp_found_inf_value_false
         self._cache_found_inf: Any = None
         self._optimizer_states: defaultdict[int, OptimizerStep] = defaultdict(OptimizerStep)
+
+        # What watches the run, and what every optimizer's step takes from the scaler.
         self._monitors = Monitors(self._loss_scale, report_overflows, stuck_after, on_stuck)
         sync = distributed.FoundInfSync(group, sync_found_inf)
         looking = self._monitors.looking
@@ -139,6 +143,11 @@ class AmpScaler(TensorsOnHost):
     @_scale.setter
     def _scale(self, scale: Tensor) -> None:
         self._loss_scale.scale = scale
+
+    @property
+    def _iteration(self) -> int:
+        """The number of the iteration under way, from 1."""
+        return self._monitors.run.iterations + 1
 
     @property
     def policy(self) -> str:
@@ -185,7 +194,7 @@ class AmpScaler(TensorsOnHost):
         if "_unscale" in vars(self):
             self._unscale_replaced(step, optimizer)
         else:
-            step.unscale(optimizer, self._stepping, self._monitors.run.iterations + 1)
+            step.unscale(optimizer, self._stepping, self._iteration)
         self._found_inf = cast(Verdict, step.verdict).flag
 
     def minimize(self, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
@@ -210,14 +219,13 @@ class AmpScaler(TensorsOnHost):
         """
         if self._enable:
             step = self._optimizer_states[id(optimizer)]
-            step.unscale(optimizer, self._stepping, self._monitors.run.iterations + 1)
+            step.unscale(optimizer, self._stepping, self._iteration)
             self._found_inf = cast(Verdict, step.verdict).flag
 
     def _unscale_replaced(self, step: OptimizerStep, optimizer: Any) -> None:
         # A replaced _unscale (fleet's, shard_scaler's) neither counts nor measures: the
         # monitors see the gradients first, and the step adopts its verdict.
-        iteration = self._monitors.run.iterations + 1
-        amax = step.show_before_replaced_unscale(optimizer, self._stepping, iteration)
+        amax = step.show_before_replaced_unscale(optimizer, self._stepping, self._iteration)
         self._unscale(optimizer)
         step.adopt(self._found_inf, amax, self._stepping)
 
@@ -243,14 +251,14 @@ class AmpScaler(TensorsOnHost):
 
         step = self._optimizer_states[id(optimizer)]
         if grads is not None:
-            step.check_given(grads, self._stepping, self._monitors.run.iterations + 1)
+            step.check_given(grads, self._stepping, self._iteration)
         elif step.stage is not OptimizerState.INIT:
             # Past unscale_() it steps; stepped already, it is refused.
             step.refuse_step()
         elif "_unscale" in vars(self):
             self._unscale_replaced(step, optimizer)
         else:
-            step.unscale(optimizer, self._stepping, self._monitors.run.iterations + 1)
+            step.unscale(optimizer, self._stepping, self._iteration)
 
         if not step.checked:
             try:
@@ -294,7 +302,7 @@ class AmpScaler(TensorsOnHost):
             # Nothing was observed: nothing for the rule, nothing to count.
             return True
 
-        iteration = self._monitors.run.iterations + 1
+        iteration = self._iteration
         acted: bool | Tensor = False
         if new_scale is None and self._use_dynamic_loss_scaling:
             acted = self._loss_scale.update(verdict, iteration)
@@ -528,8 +536,10 @@ class AmpScaler(TensorsOnHost):
         """Scale, counters, ratios and periods (reads the device), then options not at defaults."""
         if not self._enable:
             return f"{type(self).__name__}(enable=False)"
+
         rule = self._rule
-        period = rule.measure_every  # shown where it is not the policy's own
+        # The period is shown where it is not the policy's own.
+        period = rule.measure_every
         options = {
             "use_dynamic_loss_scaling": self._use_dynamic_loss_scaling,
             "policy": rule.name,
@@ -542,6 +552,7 @@ class AmpScaler(TensorsOnHost):
             "group": self._stepping.sync.group,
             "sync_found_inf": self._stepping.sync.enabled,
         }
+
         fields = self._repr_fields()
         fields.update((k, v) for k, v in options.items() if v != self._option_defaults[k])
         return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in fields.items())})"
