@@ -81,7 +81,22 @@ def test_which_iterations_are_measured():
     rule = HeadroomRule(measure_every=16)
     assert [n for n in range(1, 40) if rule.measures(n)] == [1, 2, 3, 16, 32]
     assert rule.peak_half_life == 8 * 16 and HeadroomRule().peak_half_life == 512
-    assert GradScaler(policy="headroom", measure_every=16)._rule.measure_every == 16
+    assert GradScaler(policy="headroom", measure_every=16).measure_every == 16
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [({}, None), ({"measure_every": 10}, 10), ({"policy": "headroom"}, 64)],
+)
+def test_measure_every_is_readable_on_every_scaler_and_not_assignable(options, expected):
+    from paddle_amp_scaler.compat.torch import GradScaler as TorchGradScaler
+
+    for scaler in (GradScaler(**options), AmpScaler(**options), TorchGradScaler(**options)):
+        assert scaler.measure_every == expected
+        # Assigned, it would measure nothing new: the rule was built with the period.
+        with pytest.raises(AttributeError):
+            scaler.measure_every = 5
+        assert scaler.measure_every == expected
 
 
 @pytest.mark.parametrize("measure_every", [1, 2, 3])
@@ -129,6 +144,22 @@ def test_the_report_puts_the_lowest_gradients_first_named_as_the_overflow_report
     unnamed = GradScaler(measure_every=1)
     run(unnamed, 1)
     assert all(entry.name.startswith("linear_") for entry in unnamed.underflow_report())
+
+
+@pytest.mark.parametrize("stranger", ["relu", "another model"])
+def test_a_report_refuses_a_model_that_holds_none_of_the_parameters(stranger):
+    # A model that holds none of the optimizer's parameters would name nothing: every
+    # entry would fall back to Paddle's names, and say nothing was wrong.
+    scaler = GradScaler(init_loss_scaling=2.0**10, measure_every=1, report_overflows=True)
+    model, _ = run(scaler, 2, inject_at=(1,))
+    other = paddle.nn.ReLU() if stranger == "relu" else make_model()
+    for report in (scaler.underflow_report, scaler.overflow_report):
+        with pytest.raises(ValueError, match="holds none of the parameters"):
+            report(other)
+        # The model that holds them names them all.
+        names = {name for name, _ in model.named_parameters()}
+        assert {entry.name for entry in report(model)} <= names
+        assert report(model)
 
 
 def test_measuring_never_changes_what_the_interval_rule_does():

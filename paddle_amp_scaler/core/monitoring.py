@@ -440,11 +440,30 @@ class OverflowRecorder(Monitor):
         """The gradients of the last iteration that found inf/nan, most elements first,
         named by ``model.named_parameters()`` if given (else as the recorder names them).
         """
-        names = {} if model is None else {id(p): n for n, p in model.named_parameters()}
+        names = _names_by_id(model, [param for param, _ in self._last if param is not None])
         return [
             dataclasses.replace(entry, name=names.get(id(param), entry.name))
             for param, entry in self._last
         ]
+
+
+def _names_by_id(model: Any, params: list[Any]) -> dict[int, str]:
+    """``model``'s structured parameter names by the parameters' identity (none without a
+    model). ``ValueError`` where the model holds none of ``params``, the parameters a
+    report is about: its names would all fall back to Paddle's, silently.
+    """
+    if model is None:
+        return {}
+
+    names = {id(param): name for name, param in model.named_parameters()}
+    if params and not any(id(param) in names for param in params):
+        raise ValueError(
+            f"model holds none of the parameters the report is about (a "
+            f"{type(model).__name__} with {len(names)} parameters): pass the model whose "
+            "parameters the optimizer updates"
+        )
+
+    return names
 
 
 def _keys(owners: list[tuple[Any, ...]]) -> list[int]:
@@ -544,7 +563,8 @@ class Measurements(Monitor, TensorsOnHost):
         if self._table is None:
             return []
 
-        by_id = {} if model is None else {id(p): n for n, p in model.named_parameters()}
+        params = [owner for owner, _, _ in self._owners if not isinstance(owner, int)]
+        by_id = _names_by_id(model, params)
         entries = []
         rows = self._table.numpy().tolist()
         for (owner, shape, dtype), (amax, subnormal, nonzero) in zip(self._owners, rows):

@@ -157,6 +157,13 @@ class AmpScaler(TensorsOnHost):
         """
         return self._loss_scale.rule.name
 
+    @property
+    def measure_every(self) -> int | None:
+        """Every how many iterations the scaled gradients are measured (after the first
+        three), or None where nothing is measured. Read-only: it is set at construction.
+        """
+        return self._loss_scale.rule.measure_every
+
     # -- Paddle's steps ------------------------------------------------------------------
 
     def scale(self, var: Tensor) -> Tensor:
@@ -498,15 +505,17 @@ class AmpScaler(TensorsOnHost):
         """The gradients that held inf or nan in the most recent iteration that found any
         (empty if none has), most elements first, counted before unscaling.
 
-        Named as in ``model.named_parameters()`` when ``model`` is given, else by
-        ``param.name``. Needs ``report_overflows``.
+        Named as in ``model.named_parameters()`` when ``model`` is given (``ValueError``
+        for a model that holds none of the parameters), else by ``param.name``. Needs
+        ``report_overflows``.
         """
         return self._monitors.overflow_report(model)
 
     def underflow_report(self, model: Any = None) -> list[UnderflowEntry]:
         """Each gradient as the last finite measured iteration found it (reads the device):
         its share of nonzero elements in float16's subnormal range and its headroom,
-        lowest first, named as by ``overflow_report``; empty before any measurement.
+        lowest first, named as by ``overflow_report`` (a model that holds none of the
+        parameters is refused); empty before any measurement.
 
         Needs ``measure_every`` (or the headroom policy, which measures).
         """
