@@ -54,9 +54,10 @@ def _read(scaler: Any) -> tuple[float, ScalerStats | None]:
 
 def log_stats(writer: Any, scaler: Any, step: int, prefix: str = "amp/") -> ScalerStats | None:
     """Write ``loss_scale``, ``skipped`` (cumulative), ``skip_streak``, ``growths``,
-    ``backoffs`` and, where the scaler measures the gradients (``measure_every``, or the
-    headroom policy), ``headroom_bits`` and ``subnormal_fraction`` through
-    ``writer.add_scalar(prefix + name, value, step)``: one read of the device.
+    ``backoffs``, ``nonfinite_loss`` where the scaler saw a loss and, where it measures
+    the gradients (``measure_every``, or the headroom policy), ``headroom_bits`` and
+    ``subnormal_fraction``, through ``writer.add_scalar(prefix + name, value, step)``:
+    one read of the device.
 
     Args:
         writer: VisualDL's ``LogWriter``, tensorboardX's ``SummaryWriter``, or anything
@@ -78,15 +79,16 @@ def log_stats(writer: Any, scaler: Any, step: int, prefix: str = "amp/") -> Scal
             growths=stats.growths,
             backoffs=stats.backoffs,
         )
-        values.update(_measured(stats))
+        values.update(_known(stats))
     for name, value in values.items():
         writer.add_scalar(prefix + name, value, step)
     return stats
 
 
 class ScalerCallback(paddle.callbacks.Callback):  # type: ignore[misc]
-    """Puts ``loss_scale``, ``skipped`` and, where the scaler measures the gradients,
-    ``headroom_bits`` and ``subnormal_fraction`` in ``paddle.Model.fit``'s logs at each
+    """Puts ``loss_scale``, ``skipped``, ``nonfinite_loss`` and, where the scaler measures
+    the gradients, ``headroom_bits`` and ``subnormal_fraction`` in ``paddle.Model.fit``'s
+    logs at each
     logged step, so that its progress bar prints them and ``paddle.callbacks.VisualDL``
     writes them (``train/loss_scale``, ...), in any order of the callbacks.
 
@@ -98,8 +100,8 @@ class ScalerCallback(paddle.callbacks.Callback):  # type: ignore[misc]
             the steps the ``ProgBarLogger`` prints.
     """
 
-    KEYS = ("loss_scale", "skipped", "headroom_bits", "subnormal_fraction")
-    """The keys it puts in the logs (the last two where the scaler measures)."""
+    KEYS = ("loss_scale", "skipped", "nonfinite_loss", "headroom_bits", "subnormal_fraction")
+    """The keys it puts in the logs (the last three where the scaler knows them)."""
 
     def __init__(self, scaler: Any = None, *, log_freq: int | None = None) -> None:
         super().__init__()
@@ -130,25 +132,29 @@ class ScalerCallback(paddle.callbacks.Callback):  # type: ignore[misc]
 def _add_to_logs(logs: Any, scaler: Any, counts: dict[str, str]) -> None:
     """Into ``logs``, from one read: ``loss_scale``; the ``counts`` (log key: field of
     ``ScalerStats``), zeros for a scaler that is off, none for Paddle's own, which counts
-    nothing; ``headroom_bits`` and ``subnormal_fraction`` where the scaler measured them,
-    elsewhere no such keys (the progress bar and VisualDL then show nothing for them).
+    nothing; ``nonfinite_loss``, ``headroom_bits`` and ``subnormal_fraction`` where the
+    scaler knows them, elsewhere no such keys (the progress bar and VisualDL then show
+    nothing for them).
     """
     scale, stats = _read(scaler)
     logs["loss_scale"] = scale
     if stats is not None or not scaler.is_enable():
         for key, field in counts.items():
             logs[key] = getattr(stats, field) if stats is not None else 0
-    for key in _MEASURED:
+    for key in _WHERE_KNOWN:
         logs.pop(key, None)
-    logs.update(_measured(stats))
+    logs.update(_known(stats))
 
 
-_MEASURED = ("headroom_bits", "subnormal_fraction")
+# What a scaler knows only where it saw a loss or measured the gradients.
+_WHERE_KNOWN = ("nonfinite_loss", "headroom_bits", "subnormal_fraction")
 
 
-def _measured(stats: ScalerStats | None) -> dict[str, float]:
-    """The measured numbers of ``stats`` that it has (none before a measurement)."""
-    values = {} if stats is None else {key: getattr(stats, key) for key in _MEASURED}
+def _known(stats: ScalerStats | None) -> dict[str, float]:
+    """The numbers of ``stats`` that the scaler knows (none before a loss or a
+    measurement).
+    """
+    values = {} if stats is None else {key: getattr(stats, key) for key in _WHERE_KNOWN}
     return {key: value for key, value in values.items() if value is not None}
 
 
@@ -194,9 +200,9 @@ def _progress_log_freq() -> int | None:
 class ScalerTrainerCallback:
     """A ``TrainerCallback`` for PaddleFormers' and PaddleNLP's ``Trainer``: every log the
     Trainer makes while it trains with loss scaling carries ``loss_scale`` (float),
-    ``skipped_steps`` and ``skip_streak`` (ints) and, where the scaler measures the
-    gradients, ``headroom_bits`` and ``subnormal_fraction`` (floats), as they stand
-    after that log's step.
+    ``skipped_steps`` and ``skip_streak`` (ints), ``nonfinite_loss`` (int) where the
+    scaler saw a loss and, where it measures the gradients, ``headroom_bits`` and
+    ``subnormal_fraction`` (floats), as they stand after that log's step.
 
     Listed in ``Trainer(callbacks=[...])``, it reaches the callbacks listed after it;
     ``ScalerTrainerCallback.attach(trainer)`` puts one ahead of every callback, the

@@ -27,14 +27,15 @@ def unscale(groups, optimizers):
 
 
 def budget(case):
-    """Ours per steady-state step (the rule does not act in it): scale() 1, and the
-    unscales. An optimizer that reads its flag (AdamW) leaves the verdict on the host,
-    where the counters follow it: the update issues nothing. Plain SGD skips on the
+    """Ours per steady-state step (the rule does not act in it): scale() 2 (the loss
+    checked for inf/nan, then scaled), and the unscales. An optimizer that reads its flag
+    (AdamW) leaves the verdict on the host, where the counters follow it: the update
+    issues nothing. Plain SGD skips on the
     device, one zeroing per dtype group and optimizer, without a read; the ORs join the
     optimizers' flags, and the rule runs there: the update kernel and the ``equal`` that
     says whether it acted."""
     groups, optimizers = case.dtype_groups, case.optimizers
-    operations = 1 + unscale(groups, optimizers)
+    operations = 2 + unscale(groups, optimizers)
     if case.optimizer == "sgd":
         return operations + optimizers * groups + (optimizers - 1) + 2, 0
     return operations, optimizers
@@ -54,12 +55,13 @@ def test_a_step_issues_what_the_budget_says(case):
     assert (ours.operations, ours.reads) == budget(case), ours.names
     if case.optimizer == "sgd":
         # A launch per dtype group and optimizer, and the rule's one, in place of each
-        # optimizer's device sync.
+        # optimizer's device sync; and the loss's check.
         assert ours.reads == 0 < native.reads
-        assert ours.operations == native.operations + case.optimizers * case.dtype_groups + 1
+        assert ours.operations == native.operations + case.optimizers * case.dtype_groups + 2
     else:
-        # One OR fewer per optimizer than Paddle's, and the same reads: Paddle's own.
-        assert ours.operations == native.operations - case.optimizers
+        # One OR fewer per optimizer than Paddle's, one more for the loss's check, and the
+        # same reads: Paddle's own.
+        assert ours.operations == native.operations - case.optimizers + 1
         assert ours.reads == native.reads
 
 
@@ -79,12 +81,13 @@ def test_a_growth_costs_what_the_budget_says(kind):
         assert ours.operations == step + 4, ours.names
 
 
-@pytest.mark.parametrize(("kind", "fold"), [("adamw", 36), ("sgd", 38)])
+@pytest.mark.parametrize(("kind", "fold"), [("adamw", 50), ("sgd", 52)])
 def test_the_statistics_fold_costs_what_the_budget_says(kind, fold):
     # The 128th iteration of a run adds up the statistics of all 128: its step, plus the
-    # verdicts and the rule's actions made two int64 columns (host bools: a cast each;
-    # device flags: a concat and a cast each), the positions of the last skipped and
-    # the last finite iteration, and the five new counts.
+    # verdicts, the rule's actions and the losses' checks made three int64 columns (host
+    # bools: a cast each; device flags: a concat or a stack and a cast each), the
+    # positions of the last skipped, the last finite and the last finite-loss iteration,
+    # and the seven new counts: 14 operations more than before the losses were counted.
     assert monitoring._FOLD_EVERY == 128
     count = gpu_path_ops.count_fold(kind)
     step, reads = budget(gpu_path_ops.Case(kind, 1, 1))

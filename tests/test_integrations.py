@@ -68,6 +68,8 @@ def test_log_stats_writes_every_number_once_with_one_read():
         ("amp/skip_streak", 0, 8),
         ("amp/growths", stats.growths, 8),
         ("amp/backoffs", 3, 8),
+        # The skips were the gradients' (injected): every loss was finite.
+        ("amp/nonfinite_loss", 0, 8),
     ]
     assert stats.growths >= 1
 
@@ -195,8 +197,9 @@ def test_a_thousand_step_fit_reads_once_per_logged_step():
     ours.on_train_batch_begin = watched
     with counter.counting():
         fit([ours], steps=1000, log_freq=10, batch=2)
-    # On a CPU the scaler's own steps read nothing: every read is the callback's.
-    assert counter.reads["scaler"] == 100
+    # On a CPU the scaler's own steps read once per 100 iterations, for the stuck policy
+    # (on by default); every other read is the callback's.
+    assert counter.reads["scaler"] == 100 + 1000 // 100
     assert reads_at == list(range(9, 1000, 10))
 
 
@@ -311,6 +314,7 @@ def test_attach_reaches_the_report_to_integrations_with_the_state_after_each_log
             "loss_scale": scale,
             "skipped_steps": skipped,
             "skip_streak": streak,
+            "nonfinite_loss": 0,
         }
         assert isinstance(logs["loss_scale"], float) and isinstance(logs["skipped_steps"], int)
     assert logged[-1]["skipped_steps"] == 3

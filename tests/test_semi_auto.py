@@ -129,8 +129,10 @@ def test_every_part_of_the_scaler_takes_dist_gradients(run, policy, variant):
     if policy == "interval":
         np.testing.assert_array_equal(log, reference_log())
     stats = each_rank(run, f"{key}_stats")
-    iterations, skipped, streak, last_skipped, _, backoffs, scale, _, _ = stats
+    iterations, skipped, streak, last_skipped, _, backoffs, scale, _, _, nonfinite_loss = stats
     assert (iterations, skipped, streak, last_skipped, backoffs) == (STEPS, 1, 0, INF_STEP + 1, 1)
+    # The inf was in a gradient: every loss, a dist tensor here, was finite.
+    assert nonfinite_loss == 0
     assert scale == log[-1, 1]
     np.testing.assert_array_equal(each_rank(run, f"{key}_reloaded"), stats)
     # stuck_after=1: the policy's callable saw the skipped iteration, on every rank.

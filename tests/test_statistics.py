@@ -370,3 +370,139 @@ def test_a_replaced_unscale_that_decides_on_the_host_counts_every_iteration():
         run.scaler._unscale = host_decided if index % 2 else own_unscale
         run.iteration(overflow)
     assert run.scaler.stats() == expected_stats(OVERFLOWS, **RULE)
+
+
+class LossRun(Run):
+    """``Run``, with the iteration's losses handed to ``scale()`` first, as a training
+    loop does (several: gradient accumulation)."""
+
+    def iteration(self, overflow, which=0, losses=(1.0,)):
+        for loss in losses:
+            self.scaler.scale(paddle.to_tensor(loss, dtype="float32"))
+        super().iteration(overflow, which)
+
+
+# Per iteration: the losses scale() sees, and whether a gradient overflows. A non-finite
+# loss makes the gradients overflow too, as it does in training.
+LOSSES = st.lists(
+    st.tuples(
+        st.lists(st.sampled_from([1.0, math.inf, math.nan]), min_size=1, max_size=3),
+        st.booleans(),
+    ),
+    min_size=1,
+    max_size=40,
+)
+
+
+def nonfinite(losses):
+    return not all(math.isfinite(loss) for loss in losses)
+
+
+@settings(max_examples=25, deadline=None)
+@given(iterations=LOSSES, read_every=st.integers(1, 10), verdicts=st.sampled_from(VERDICTS))
+def test_nonfinite_loss_counts_each_iteration_once_whose_loss_was_inf_or_nan(
+    iterations, read_every, verdicts
+):
+    run = LossRun(GradScaler(), verdicts=verdicts)
+    for index, (losses, gradient_overflow) in enumerate(iterations, start=1):
+        run.iteration(gradient_overflow or nonfinite(losses), losses=losses)
+        if index % read_every == 0 or index == len(iterations):
+            expected = sum(nonfinite(losses) for losses, _ in iterations[:index])
+            assert run.scaler.stats().nonfinite_loss == expected, index
+
+
+def test_nonfinite_loss_is_none_for_a_scaler_that_never_saw_a_loss():
+    run = Run(GradScaler())
+    run.iteration(True)
+    assert GradScaler().stats().nonfinite_loss is None
+    assert run.scaler.stats().nonfinite_loss is None
+    assert "nonfinite_loss" not in run.scaler.state_dict()["stats"]
+    assert AmpScaler(enable=False).stats().nonfinite_loss is None
+
+
+def stuck_message(iterations, **options):
+    run = LossRun(GradScaler(stuck_after=5, on_stuck="raise", **options))
+    with pytest.raises(LossScaleStuckError) as stuck:
+        for losses, overflow in iterations:
+            run.iteration(overflow, losses=losses)
+    return str(stuck.value)
+
+
+def test_the_stuck_message_names_a_loss_that_was_already_inf_or_nan():
+    message = stuck_message([((math.inf,), True)] * 10)
+    assert "the loss was already inf or nan before scaling" in message
+    assert "No loss scale fixes that" in message and "float32 or bfloat16" in message
+    assert "gradients at every scale" not in message
+
+
+def test_the_stuck_message_names_the_gradients_where_the_loss_was_finite():
+    message = stuck_message([((1.0,), True)] * 10)
+    assert "inf/nan gradients at every scale down to" in message
+    assert "with a finite loss" in message and "already inf or nan" not in message
+    # One skip of the streak with a finite loss: the loss did not cause them all.
+    mixed = [((1.0,), True)] + [((math.nan,), True)] * 9
+    assert "inf/nan gradients at every scale down to" in stuck_message(mixed)
+
+
+def test_a_resumed_run_blames_the_loss_as_the_uninterrupted_one_does(tmp_path):
+    # Half the streak before the resume: the streak of non-finite losses travels with it.
+    first = LossRun(GradScaler(stuck_after=5, on_stuck="raise"))
+    for _ in range(3):
+        first.iteration(True, losses=(math.inf,))
+    saved = first.scaler.state_dict()
+    assert (saved["stats"]["nonfinite_loss"], saved["stats"]["nonfinite_streak"]) == (3, 3)
+    resumed = LossRun(GradScaler(stuck_after=5, on_stuck="raise"))
+    resumed.scaler.load_state_dict(saved)
+    with pytest.raises(LossScaleStuckError, match="already inf or nan"):
+        for _ in range(7):
+            resumed.iteration(True, losses=(math.inf,))
+
+
+def test_a_saved_loss_count_comes_with_its_streak_and_fits_the_run():
+    run = LossRun(GradScaler())
+    run.iteration(True, losses=(math.inf,))
+    saved = run.scaler.state_dict()
+    for stats in (
+        {key: value for key, value in saved["stats"].items() if key != "nonfinite_streak"},
+        {**saved["stats"], "nonfinite_loss": 2},
+        {**saved["stats"], "nonfinite_streak": 2},
+    ):
+        target = GradScaler()
+        with pytest.raises(ValueError, match="stats"):
+            target.load_state_dict({**saved, "stats": stats})
+        assert target.stats().iterations == 0
+    # A dict saved before losses were counted loads, and counts from there.
+    older = {key: value for key, value in saved["stats"].items() if "nonfinite" not in key}
+    target = GradScaler()
+    target.load_state_dict({**saved, "stats": older})
+    assert target.stats().nonfinite_loss is None
+
+
+def test_a_default_scaler_reads_once_per_hundred_iterations_and_none_without_the_policy():
+    for stuck_after, reads in ((200, 3), (None, 0)):
+        options = {} if stuck_after == 200 else {"stuck_after": None}
+        run = LossRun(GradScaler(**options))
+        counter = HostReadCounter()
+        with counter.counting():
+            for _ in range(300):
+                run.iteration(False)
+        assert counter.reads["scaler"] == reads, counter.where
+
+
+@pytest.mark.parametrize(
+    ("loss", "named"),
+    [
+        (math.inf, "the loss was already inf or nan before scaling"),
+        (1.0, "inf/nan gradients at every scale down to 1, with a finite loss"),
+    ],
+)
+def test_a_default_scaler_warns_once_naming_the_cause(loss, named):
+    run = LossRun(GradScaler())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(300):
+            run.iteration(True, losses=(loss,))
+    stuck = [w for w in caught if issubclass(w.category, RuntimeWarning)]
+    assert len(stuck) == 1, [str(w.message) for w in stuck]
+    assert named in str(stuck[0].message) and "(stuck_after=200)" in str(stuck[0].message)
+    assert run.scaler.stats().nonfinite_loss == (300 if loss != 1.0 else 0)

@@ -302,15 +302,18 @@ def traced_minimize():
     optimizer = paddle.optimizer.AdamW(parameters=model.parameters())
     scaler = paddle_amp_scaler.AmpScaler(init_loss_scaling=2.0**10, incr_every_n_steps=1)
 
-    def iteration():
+    def iteration(trace=None):
         scaled = scaler.scale(model(paddle.randn([4, 8])).mean())
         scaled.backward()
-        scaler.minimize(optimizer, scaled)
+        if trace is None:
+            scaler.minimize(optimizer, scaled)
+        else:
+            trace.run(lambda: scaler.minimize(optimizer, scaled))
         optimizer.clear_grad()
 
     iteration()  # the first iteration makes what later ones reuse
     trace = Trace({"check_finite_and_unscale_", "update_loss_scaling_"})
-    trace.run(iteration)
+    iteration(trace)
     return trace
 
 

@@ -76,7 +76,15 @@ class Monitor:
 
 # The device counts, in order. "since_skip" counts iterations since the last skipped one,
 # which gives the last skipped iteration without knowing its number on the device.
-_COUNTS = ("skipped", "skip_streak", "since_skip", "growths", "backoffs")
+_COUNTS = (
+    "skipped",
+    "skip_streak",
+    "since_skip",
+    "growths",
+    "backoffs",
+    "nonfinite_loss",
+    "nonfinite_streak",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,6 +105,9 @@ class ScalerStats:
             any measurement; negative where they were not float16 (``docs/monitoring.md``).
         subnormal_fraction: of that iteration's nonzero scaled gradient elements, the
             share in float16's subnormal range (``0 < |g| < 2**-14``); None as above.
+        nonfinite_loss: the iterations whose loss, as handed to ``scale()``, was inf or
+            nan already: a forward (or data) problem, which no scale fixes. None for a
+            scaler that never saw a loss.
     """
 
     iterations: int
@@ -108,26 +119,39 @@ class ScalerStats:
     scale: float
     headroom_bits: float | None = None
     subnormal_fraction: float | None = None
+    nonfinite_loss: int | None = None
 
     def to_state(self) -> dict[str, int]:
-        """The counts as a dict of ints, for state dicts (``last_skipped`` 0 for None)."""
+        """The counts as a dict of ints, for state dicts (``last_skipped`` 0 for None;
+        ``nonfinite_loss`` left out where None).
+        """
         state = {field: getattr(self, field) for field in _STATE_FIELDS}
         state["last_skipped"] = self.last_skipped or 0
+        if self.nonfinite_loss is not None:
+            state["nonfinite_loss"] = self.nonfinite_loss
+
         return state
 
 
 _STATE_FIELDS = ("iterations", "skipped", "skip_streak", "last_skipped", "growths", "backoffs")
+# Saved where the scaler saw a loss: the count, and how many of the latest iterations in a
+# row had a non-finite loss (the stuck policy's evidence, kept for an exact resume).
+_LOSS_FIELDS = ("nonfinite_loss", "nonfinite_streak")
 
 
-def parse_stats_state(value: Any, name: str = "state_dict['stats']") -> ScalerStats:
-    """A ``to_state()`` dict, checked for consistency; ``ValueError`` (``TypeError`` for a
-    value of the wrong kind) naming ``name``.
+def parse_stats_state(value: Any, name: str = "state_dict['stats']") -> tuple[ScalerStats, int]:
+    """A saved run's statistics (``RunStatistics.state``), checked for consistency, and its
+    ``nonfinite_streak`` (0 where not saved); ``ValueError`` (``TypeError`` for a value of
+    the wrong kind) naming ``name``.
     """
-    validation.check_keys(value, name, _STATE_FIELDS)
+    present = [key for key in _LOSS_FIELDS if isinstance(value, dict) and key in value]
+    fields = _STATE_FIELDS + _LOSS_FIELDS if present else _STATE_FIELDS
+    validation.check_keys(value, name, fields)
     counts = {
         field: validation.check_int_within(value[field], f"{name}[{field!r}]", 0, 2**63 - 1)
-        for field in _STATE_FIELDS
+        for field in fields
     }
+    streak_of_losses = counts.pop("nonfinite_streak", 0)
 
     iterations, skipped, streak, last = (counts[field] for field in _STATE_FIELDS[:4])
     if not (
@@ -136,10 +160,12 @@ def parse_stats_state(value: Any, name: str = "state_dict['stats']") -> ScalerSt
         and (last == 0) == (skipped == 0)
         and (streak == 0 or last == iterations)
         and streak <= last
+        and streak_of_losses <= counts.get("nonfinite_loss", 0) <= iterations
     ):
         raise ValueError(f"{name} holds counts that no run can produce: {dict(value)}")
 
-    return dataclasses.replace(ScalerStats(**counts, scale=1.0), last_skipped=last or None)
+    stats = dataclasses.replace(ScalerStats(**counts, scale=1.0), last_skipped=last or None)
+    return stats, streak_of_losses
 
 
 # Iterations kept at most before they are counted.
@@ -147,24 +173,48 @@ _FOLD_EVERY = 128
 
 
 class RunStatistics(Monitor, TensorsOnHost):
-    """The counts behind ``ScalerStats``: an int64 [5] tensor of ``_COUNTS`` on the device,
-    and the number of iterations on the host. An iteration's verdict and whether the rule
-    acted (host bools or bool [1] tensors) are kept as they come and added up every
-    ``_FOLD_EVERY`` iterations or before a read.
+    """The counts behind ``ScalerStats``: an int64 tensor of ``_COUNTS`` on the device, and
+    the number of iterations on the host.
+
+    An iteration's verdict, whether the rule acted and whether its loss was finite (host
+    bools or bool tensors) are kept as they come, and added up every ``_FOLD_EVERY``
+    iterations or before a read.
     """
 
     def __init__(self, place: Any) -> None:
         self.counts = paddle.to_tensor([0] * len(_COUNTS), dtype=paddle.int64, place=place)
-        self._pending: list[tuple[bool | Tensor, bool | Tensor]] = []
+        self._pending: list[tuple[bool | Tensor, bool | Tensor, bool | Tensor]] = []
         self.iterations = 0
+
+        # Whether ``scale()`` has ever seen a loss, and whether this iteration's were all
+        # finite (a bool tensor; None before the first of them).
+        self.saw_loss = False
+        self._loss_finite: Tensor | None = None
+        # The latest run of iterations with a non-finite loss, as last read.
+        self.nonfinite_streak = 0
+
+    def loss_seen(self, loss: Tensor) -> None:
+        """Note whether a loss handed to ``scale()`` is finite, on the device: one
+        operation for a 0-d loss, and one more for each further loss of the iteration
+        (gradient accumulation: any non-finite one counts).
+        """
+        finite = kernels.C_ops.isfinite(kernels.local_value(loss))
+        if finite.ndim:
+            finite = finite.all()
+
+        if self._loss_finite is not None:
+            finite = paddle.logical_and(self._loss_finite, finite)
+        self._loss_finite, self.saw_loss = finite, True
 
     def end_iteration(self, end: IterationEnd) -> None:
         """Count one iteration; nothing is read."""
         # Kept as it came: a host bool where the verdict reached the host, else the flag.
         verdict = end.verdict
         found = verdict.flag if verdict.on_host is None else verdict.on_host
+        loss_finite = True if self._loss_finite is None else self._loss_finite
         self.iterations += 1
-        self._pending.append((found, end.acted))
+        self._pending.append((found, end.acted, loss_finite))
+        self._loss_finite = None
 
         if len(self._pending) == _FOLD_EVERY:
             self.count_pending()
@@ -176,15 +226,18 @@ class RunStatistics(Monitor, TensorsOnHost):
             return
 
         n = len(pending)
-        skipped = self._column([found for found, _ in pending])
-        fired = self._column([acted for _, acted in pending])
+        skipped = self._column([found for found, _, _ in pending])
+        fired = self._column([acted for _, acted, _ in pending])
+        loss_finite = self._column([finite for _, _, finite in pending])
 
-        # The 1-based positions of the last skipped and the last finite iteration, 0 if none.
+        # The 1-based positions of the last iteration of each kind, 0 if none: the streaks
+        # run from there to the end.
         positions = paddle.arange(1, n + 1, dtype=paddle.int64)
         # The kernel itself: Paddle 3.2's paddle.max and Tensor.max warn on a user's
         # terminal ("Non compatible API": PyTorch's max differs).
         last_skip = kernels.C_ops.max(skipped * positions, [], False)
         last_finite = kernels.C_ops.max((1 - skipped) * positions, [], False)
+        last_finite_loss = kernels.C_ops.max(loss_finite * positions, [], False)
 
         counts = self.counts
         self.counts = paddle.stack(
@@ -195,38 +248,73 @@ class RunStatistics(Monitor, TensorsOnHost):
                 paddle.where(last_skip == 0, counts[2] + n, n - last_skip),
                 counts[3] + (fired * (1 - skipped)).sum(),
                 counts[4] + (fired * skipped).sum(),
+                counts[5] + (1 - loss_finite).sum(),
+                paddle.where(last_finite_loss == 0, counts[6] + n, n - last_finite_loss),
             ]
         )
 
     def _column(self, flags: list[bool | Tensor]) -> Tensor:
-        """``flags`` as one int64 tensor: each run of host bools in one operation."""
+        """``flags`` as one int64 tensor: each run of host bools in one operation, each
+        run of device flags ([1] or 0-d) in one more.
+        """
         pieces: list[Tensor] = []
         for on_host, run in itertools.groupby(flags, key=lambda flag: isinstance(flag, bool)):
             if on_host:
                 pieces += [paddle.to_tensor(list(run), dtype=paddle.bool, place=self.counts.place)]
-            else:
-                pieces += [kernels.local_value(cast(Tensor, flag)) for flag in run]
+                continue
+
+            tensors = [kernels.local_value(cast(Tensor, flag)) for flag in run]
+            pieces += tensors if tensors[0].ndim else [paddle.stack(tensors)]
 
         column = pieces[0] if len(pieces) == 1 else paddle.concat(pieces)
         return column.astype(paddle.int64)
 
-    def stats(self, counts: list[float], scale: float, *measured: float | None) -> ScalerStats:
+    def stats(
+        self, counts: list[float], scale: float, measured: tuple[float | None, float | None]
+    ) -> ScalerStats:
         """The ``ScalerStats`` of ``counts``, the values of ``self.counts`` read after
         ``count_pending``, and of ``measured``: the headroom and subnormal fraction.
         """
-        skipped, streak, since_skip, growths, backoffs = (int(count) for count in counts)
+        skipped, streak, since_skip, growths, backoffs, nonfinite, nonfinite_streak = (
+            int(count) for count in counts
+        )
+        self.nonfinite_streak = nonfinite_streak
+
         last = self.iterations - since_skip if skipped else None
+        headroom_bits, subnormal_fraction = measured
         return ScalerStats(
-            self.iterations, skipped, streak, last, growths, backoffs, scale, *measured
+            self.iterations,
+            skipped,
+            streak,
+            last,
+            growths,
+            backoffs,
+            scale,
+            headroom_bits,
+            subnormal_fraction,
+            nonfinite if self.saw_loss else None,
         )
 
-    def load(self, stats: ScalerStats) -> None:
-        self._pending = []
+    def state(self, stats: ScalerStats) -> dict[str, int]:
+        """``stats`` as a state dict saves them, with the streak of non-finite losses (as
+        read with them) where the scaler saw a loss.
+        """
+        state = stats.to_state()
+        if stats.nonfinite_loss is not None:
+            state["nonfinite_streak"] = self.nonfinite_streak
+
+        return state
+
+    def load(self, stats: ScalerStats, nonfinite_streak: int) -> None:
+        self._pending, self._loss_finite = [], None
 
         since_skip = 0 if stats.last_skipped is None else stats.iterations - stats.last_skipped
         counts = [stats.skipped, stats.skip_streak, since_skip, stats.growths, stats.backoffs]
+        counts += [stats.nonfinite_loss or 0, nonfinite_streak]
         self.counts = paddle.to_tensor(counts, dtype=paddle.int64, place=self.counts.place)
         self.iterations = stats.iterations
+        self.saw_loss = stats.nonfinite_loss is not None
+        self.nonfinite_streak = nonfinite_streak
 
 
 class LossScaleStuckError(RuntimeError):
@@ -247,7 +335,7 @@ class StuckPolicy(Monitor):
     ``stuck_after + k - 1`` consecutive skips.
     """
 
-    def __init__(self, stuck_after: int | None, on_stuck: OnStuck) -> None:
+    def __init__(self, stuck_after: int | None, on_stuck: OnStuck, run: RunStatistics) -> None:
         if stuck_after is not None:
             if isinstance(stuck_after, bool) or not isinstance(stuck_after, int):
                 raise TypeError(f"stuck_after must be None or an int, got {stuck_after!r}")
@@ -262,6 +350,8 @@ class StuckPolicy(Monitor):
 
         self.stuck_after = stuck_after
         self.on_stuck = on_stuck
+        # Its read of the statistics also gives the streak of non-finite losses.
+        self._run = run
         self._warned_streak_start: int | None = None
 
     def end_iteration(self, end: IterationEnd) -> None:
@@ -272,12 +362,7 @@ class StuckPolicy(Monitor):
         if stats.skip_streak < self.stuck_after:
             return
 
-        message = (
-            f"the last {stats.skip_streak} iterations were all skipped (inf/nan gradients "
-            f"at every scale down to {stats.scale:g}); stuck_after={self.stuck_after}. "
-            "Check the model and the data for inf/nan, or lower the learning rate"
-        )
-
+        message = self._cause(stats) + f" (stuck_after={self.stuck_after})"
         if callable(self.on_stuck):
             self.on_stuck(stats)
         elif self.on_stuck == "raise":
@@ -289,6 +374,26 @@ class StuckPolicy(Monitor):
             if streak_start != self._warned_streak_start and distributed.on_rank_zero():
                 self._warned_streak_start = streak_start
                 warnings.warn(message, RuntimeWarning, stacklevel=4)
+
+    def _cause(self, stats: ScalerStats) -> str:
+        """What kept every step of the streak skipped, and what to do about it."""
+        streak = f"the last {stats.skip_streak} iterations were all skipped"
+        forward = stats.nonfinite_loss is not None
+        if forward and self._run.nonfinite_streak >= stats.skip_streak:
+            return (
+                f"{streak}, and in every one the loss was already inf or nan before "
+                "scaling: the forward pass overflowed float16, or the data or the loss "
+                "function made inf/nan. No loss scale fixes that (the scale is down to "
+                f"{stats.scale:g}). Find the layer whose output overflows and run it in "
+                "float32 or bfloat16, or check the data"
+            )
+
+        finite = ", with a finite loss" if forward else ""
+        return (
+            f"{streak}: inf/nan gradients at every scale down to {stats.scale:g}{finite}. "
+            "Check the model and the data for inf/nan, or lower the learning rate; a "
+            "forward overflow does not always reach the loss (a relu turns nan into 0)"
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -600,7 +705,7 @@ class Monitors(TensorsOnHost):
         self.run = RunStatistics(loss_scale.scale.place)
         self.measured = Measurements(loss_scale)
         self.overflows = recorder_for(report_overflows)
-        self.stuck_policy = StuckPolicy(stuck_after, on_stuck)
+        self.stuck_policy = StuckPolicy(stuck_after, on_stuck, self.run)
 
         # Those that look at the gradients before an unscale writes them.
         self.looking: list[Monitor] = [self.measured]
@@ -613,6 +718,11 @@ class Monitors(TensorsOnHost):
         if self.stuck_policy.stuck_after is not None:
             self.in_order.append(self.stuck_policy)
 
+    def end_iteration(self, end: IterationEnd) -> None:
+        """Tell every monitor that is on, in order, that an iteration ended."""
+        for monitor in self.in_order:
+            monitor.end_iteration(end)
+
     def read(self, loss_scale: LossScale) -> tuple[Memory, ScalerStats, list[float]]:
         """The rule's memory, the run's statistics and the measured totals, in one read."""
         self.run.count_pending()
@@ -620,12 +730,16 @@ class Monitors(TensorsOnHost):
 
         counts, totals = numbers[:-3], numbers[-3:]
         readings = self.measured.readings(totals)
-        return memory, self.run.stats(counts, float(memory.scale), *readings), totals
+        return memory, self.run.stats(counts, float(memory.scale), readings), totals
 
-    def load(self, stats: ScalerStats | None, measured: dict[str, float] | None) -> None:
-        """Take what a state dict saved: the run's counts (None: kept), the measured totals."""
+    def load(
+        self, stats: ScalerStats | None, nonfinite_streak: int, measured: dict[str, float] | None
+    ) -> None:
+        """Take what a state dict saved: the run's counts (None: kept) with the streak of
+        non-finite losses, and the measured totals.
+        """
         if stats is not None:
-            self.run.load(stats)
+            self.run.load(stats, nonfinite_streak)
         self.measured.load(measured)
 
     def overflow_report(self, model: Any) -> list[OverflowEntry]:

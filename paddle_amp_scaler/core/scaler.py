@@ -65,8 +65,10 @@ class AmpScaler(TensorsOnHost):
         min_loss_scaling: the scale's floor (default 1.0; one below 1.0 is honoured too).
         max_loss_scaling: the scale's ceiling (default None: float32's largest value).
         place: the scale's device, a device string or a Paddle place (default: the current one).
-        stuck_after: after this many skipped iterations in a row, apply ``on_stuck``
-            (default None: never; read every ``min(stuck_after, 100)`` iterations).
+        stuck_after: after this many skipped iterations in a row, apply ``on_stuck``, whose
+            message names the cause: a loss already inf/nan before scaling, or gradients
+            that overflow at every scale (default 200: one device read every 100
+            iterations; None: never, and no read at all).
         on_stuck: ``"warn"`` (one ``RuntimeWarning`` per streak, from rank 0), ``"raise"``
             (``LossScaleStuckError``) or a callable taking ``ScalerStats``.
         report_overflows: count inf and nan per gradient, for ``overflow_report`` and a
@@ -94,7 +96,7 @@ class AmpScaler(TensorsOnHost):
         min_loss_scaling: float = 1.0,
         max_loss_scaling: float | None = None,
         place: Any = None,
-        stuck_after: int | None = None,
+        stuck_after: int | None = 200,
         on_stuck: OnStuck = "warn",
         report_overflows: Any = False,
         measure_every: int | None = None,
@@ -185,6 +187,9 @@ class AmpScaler(TensorsOnHost):
 
         if not self._enable or not var._is_initialized():
             return var
+
+        # Whether the loss was finite before scaling: a skip tells its cause by it.
+        self._monitors.run.loss_seen(var)
         return kernels.scaled(var, self._loss_scale.scale)
 
     def unscale_(self, optimizer: Any) -> None:
@@ -314,9 +319,7 @@ class AmpScaler(TensorsOnHost):
         if new_scale is None and self._use_dynamic_loss_scaling:
             acted = self._loss_scale.update(verdict, iteration)
 
-        end = IterationEnd(iteration, verdict, acted, self.stats)
-        for monitor in self._monitors.in_order:
-            monitor.end_iteration(end)
+        self._monitors.end_iteration(IterationEnd(iteration, verdict, acted, self.stats))
         return True
 
     def set_backoff_divisor(self, divisor: float) -> None:
@@ -475,7 +478,8 @@ class AmpScaler(TensorsOnHost):
             return {}
 
         memory, stats, totals = self._monitors.read(self._loss_scale)
-        return saved_state(self._rule, memory, stats, self._use_dynamic_loss_scaling, totals)
+        run = self._monitors.run.state(stats)
+        return saved_state(self._rule, memory, run, self._use_dynamic_loss_scaling, totals)
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Load a state dict of this package's, Paddle's or PyTorch's scaler, whose scale
@@ -499,7 +503,7 @@ class AmpScaler(TensorsOnHost):
 
         self._loss_scale.load(rule, loaded.memory_at(rule, self._init_loss_scaling))
         self._use_dynamic_loss_scaling = loaded.use_dynamic_loss_scaling
-        self._monitors.load(loaded.stats, loaded.measured)
+        self._monitors.load(loaded.stats, loaded.nonfinite_streak, loaded.measured)
 
     def overflow_report(self, model: Any = None) -> list[OverflowEntry]:
         """The gradients that held inf or nan in the most recent iteration that found any
@@ -590,7 +594,7 @@ class GradScaler(AmpScaler):
         min_loss_scaling: float = 1.0,
         max_loss_scaling: float | None = None,
         place: Any = None,
-        stuck_after: int | None = None,
+        stuck_after: int | None = 200,
         on_stuck: OnStuck = "warn",
         report_overflows: Any = False,
         measure_every: int | None = None,

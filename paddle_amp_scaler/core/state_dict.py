@@ -34,6 +34,8 @@ class SavedScaler:
     # Not in Paddle's or PyTorch's dicts: None there, and the scaler keeps its own.
     bounds: tuple[float, float | None] | None = None
     stats: ScalerStats | None = None
+    # The latest run of iterations whose loss was non-finite (0 where not saved).
+    nonfinite_streak: int = 0
     # The rule's name, and its memory beyond the scale and counters (the headroom
     # policy's); without them (Paddle's, PyTorch's) the scaler's rule starts afresh.
     policy: str | None = None
@@ -88,10 +90,11 @@ class SavedScaler:
 
 
 def saved_state(
-    rule: Rule, memory: Memory, stats: ScalerStats, dynamic: bool, totals: list[float]
+    rule: Rule, memory: Memory, stats: dict[str, int], dynamic: bool, totals: list[float]
 ) -> dict[str, Any]:
-    """The state dict of a scaler under ``rule`` with ``memory``, ``stats`` and measured
-    ``totals``: Paddle's keys, then this package's.
+    """The state dict of a scaler under ``rule`` with ``memory``, the run's ``stats`` (as
+    ``RunStatistics.state`` gives them) and measured ``totals``: Paddle's keys, then this
+    package's.
     """
     state: dict[str, Any] = {
         "scale": np.array([memory.scale], dtype=np.float32),
@@ -104,7 +107,7 @@ def saved_state(
         "use_dynamic_loss_scaling": dynamic,
         "min_loss_scaling": rule.min_scale,
         "max_loss_scaling": rule.max_scale,
-        "stats": stats.to_state(),
+        "stats": stats,
     }
 
     if any(totals):
@@ -182,6 +185,10 @@ def _parsed(state_dict: Mapping[str, Any]) -> SavedScaler:
         name = f"state_dict[{rule.state_key!r}]"
         memory = rule.memory_from_state(state_dict.get(rule.state_key), name)
 
+    stats, nonfinite_streak = None, 0
+    if "stats" in state_dict:
+        stats, nonfinite_streak = parse_stats_state(state_dict["stats"])
+
     return SavedScaler(
         scale=checked("scale", _check_scale_value),
         incr_ratio=checked("incr_ratio", validation.check_incr_ratio),
@@ -194,7 +201,8 @@ def _parsed(state_dict: Mapping[str, Any]) -> SavedScaler:
         ),
         use_dynamic_loss_scaling=checked("use_dynamic_loss_scaling", validation.check_bool),
         bounds=_bounds_in(state_dict),
-        stats=parse_stats_state(state_dict["stats"]) if "stats" in state_dict else None,
+        stats=stats,
+        nonfinite_streak=nonfinite_streak,
         policy=policy,
         memory=memory,
         measured=_measured_in(state_dict),
