@@ -28,6 +28,7 @@ from .core.monitoring import LossScaleStuckError, OverflowEntry, ScalerStats, Un
 from .core.scaler import AmpScaler, GradScaler
 from .core.validation import UnknownArgumentError
 from .install import install, uninstall
+from .locate import OverflowOrigin, locate_overflow
 
 __all__ = [
     "__version__",
@@ -43,6 +44,8 @@ __all__ = [
     "OverflowEntry",
     "UnderflowEntry",
     "LossScaleStuckError",
+    "locate_overflow",
+    "OverflowOrigin",
     "install",
     "uninstall",
     "save_checkpoint",

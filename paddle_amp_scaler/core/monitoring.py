@@ -384,15 +384,17 @@ class StuckPolicy(Monitor):
                 f"{streak}, and in every one the loss was already inf or nan before "
                 "scaling: the forward pass overflowed float16, or the data or the loss "
                 "function made inf/nan. No loss scale fixes that (the scale is down to "
-                f"{stats.scale:g}). Find the layer whose output overflows and run it in "
-                "float32 or bfloat16, or check the data"
+                f"{stats.scale:g}). Find the layer: run one iteration inside `with "
+                "paddle_amp_scaler.locate_overflow(model) as found:` and print(found); then "
+                "run that layer in float32 or bfloat16, or check the data"
             )
 
         finite = ", with a finite loss" if forward else ""
         return (
             f"{streak}: inf/nan gradients at every scale down to {stats.scale:g}{finite}. "
             "Check the model and the data for inf/nan, or lower the learning rate; a "
-            "forward overflow does not always reach the loss (a relu turns nan into 0)"
+            "forward overflow does not always reach the loss (a relu turns nan into 0): "
+            "paddle_amp_scaler.locate_overflow(model) tells"
         )
 
 
