@@ -72,7 +72,9 @@ class OverflowLocation:
         if not isinstance(tensor, Tensor) or not tensor.is_floating_point():
             return
 
-        values = np.abs(tensor.astype(paddle.float32).numpy())
+        # Read apart from autograd: a forward hook's cast would be recorded in the graph.
+        with paddle.no_grad():
+            values = np.abs(tensor.astype(paddle.float32).numpy())
         finite = values[np.isfinite(values)]
         largest = float(finite.max()) if finite.size else None
         if np.isinf(values).any():
