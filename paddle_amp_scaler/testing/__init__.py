@@ -289,8 +289,13 @@ def round_linear_layers(
     (``"blocks.0.up.weight"``; a ``model`` that is itself a Linear: its full name). The
     parameters stay float32, as O1's master copies: what float16 does to a backward pass,
     underflow included, which is what tells loss-scale policies apart. Returns one handle
-    per layer (``.remove()`` undoes it). Matmuls written by hand need
-    ``round_through_float16``.
+    per layer (``.remove()`` undoes it).
+
+    It reaches ``paddle.nn.Linear`` only. The products inside
+    ``paddle.nn.MultiHeadAttention`` (q·kᵀ and attention·v), and every matmul a model
+    writes by hand, stay float32: their overflows and underflows are not emulated, and
+    an attention overflow never shows. Round their operands with
+    ``round_through_float16``, as ``benchmarks/policy_workloads.py`` does.
     """
     _require_layer(model)
     handles = []
