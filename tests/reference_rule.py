@@ -68,12 +68,13 @@ class ReferenceScaler:
         return self.scale, self.incr_count, self.decr_count
 
 
-def headroom_adjust(rule, memory, found, amax=None, iteration=0):
+def headroom_adjust(rule, memory, found, amax=None, iteration=0, loss_finite=True):
     """The headroom rule's specification on host numbers, written apart from its device
     form (``HeadroomRule.adjust_``), which test_rule.py holds to it: the memory after
     ``iteration`` (1-based) and whether the rule grew or backed off (a fit downward is
     neither). ``amax`` is the largest magnitude among the scaled gradients checked, None
-    where the iteration was not measured. Every number is float32, as on the device."""
+    where the iteration was not measured; ``loss_finite``, whether the iteration's loss
+    was finite. Every number is float32, as on the device."""
     incr_count, decr_count, backed_off = rule.count(memory.incr_count, memory.decr_count, found)
     scale = memory.scale
     if backed_off:
@@ -85,6 +86,11 @@ def headroom_adjust(rule, memory, found, amax=None, iteration=0):
         decr_count=decr_count,
         **{name: np.float32(getattr(memory, name)) for name in memory.FLOATS if name != "scale"},
     )
+    # A back-off the loss caused (inf/nan before scaling) is no sign that the scale was
+    # too high: the anchor the next measurement compares with goes down with it.
+    if backed_off and not loss_finite:
+        anchor = np.float32(memory.anchor * np.float32(rule.decr_ratio))
+        memory = dataclasses.replace(memory, anchor=anchor)
     if amax is None:
         return memory, backed_off
     calibrating = iteration <= rule.calibration_iterations
@@ -132,8 +138,8 @@ def headroom_adjust(rule, memory, found, amax=None, iteration=0):
     return memory, backed_off or grew
 
 
-def reference_adjust(rule, memory, found, amax=None, iteration=0):
+def reference_adjust(rule, memory, found, amax=None, iteration=0, loss_finite=True):
     """Either rule's specification: ``IntervalRule.adjust``, or ``headroom_adjust``."""
     if isinstance(rule, IntervalRule):
         return rule.adjust(memory, found)
-    return headroom_adjust(rule, memory, found, amax, iteration)
+    return headroom_adjust(rule, memory, found, amax, iteration, loss_finite)

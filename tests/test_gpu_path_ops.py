@@ -97,9 +97,10 @@ def test_the_statistics_fold_costs_what_the_budget_says(kind, fold):
 # The headroom rule's device form in a measured iteration, over the interval rule's
 # (which issues nothing where the verdict is on the host): the counters written back
 # where the host kept them (2, but not in the first iterations, in which the device kept
-# them), the flag (1), the update kernel and its ``equal`` (2), the calibration (4, in
-# the first 3 iterations) and the rest of the rule (40).
-RULE_OPERATIONS = {"calibrating": 2 + 4 + 40, "later": 2 + 2 + 40}
+# them), the update kernel and its ``equal`` (2), the anchor following a back-off the
+# loss caused (5), the calibration (4, in the first 3 iterations) and the rest of the
+# rule (40).
+RULE_OPERATIONS = {"calibrating": 2 + 5 + 4 + 40, "later": 2 + 2 + 5 + 40}
 
 
 @pytest.mark.parametrize("case", gpu_path_ops.policy_cases(), ids=repr)

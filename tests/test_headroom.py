@@ -277,3 +277,39 @@ def test_loss_of_a_run_matches_the_interval_rule_where_nothing_overflows():
     assert loss_a == loss_b
     for a, b in zip(params_a, params_b):
         np.testing.assert_array_equal(a, b)
+
+
+def headroom_run(bad_at, loss_overflows, steps=80, every=8):
+    """The scale after each iteration of a headroom run whose one gradient (true value
+    1e-3) is set directly; in the iterations ``bad_at`` the gradient overflows, and the
+    loss handed to ``scale()`` is inf too where ``loss_overflows`` (a forward overflow)."""
+    scaler = GradScaler(init_loss_scaling=2.0**10, policy="headroom", measure_every=every)
+    param = paddle.create_parameter([4], "float32")
+    optimizer = paddle.optimizer.Momentum(learning_rate=0.0, momentum=0.0, parameters=[param])
+    scales = []
+    for step in range(steps):
+        bad = step in bad_at
+        scaler.scale(paddle.to_tensor(math.inf if bad and loss_overflows else 1.0))
+        scale = scaler.get_loss_scaling()
+        param.grad = paddle.full([4], math.inf if bad else 1e-3 * scale)
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.clear_grad()
+        scales.append(scaler.get_loss_scaling())
+    return scales
+
+
+def test_a_forward_overflow_does_not_hold_the_headroom_scale_down():
+    # Three inf-loss batches soon after the scale settled: each backs off, as every skip
+    # does, but none is evidence that the scale was too high. By the second measured
+    # iteration after them the scale is where the run without them has it (or a growth
+    # above): not held a growth below for incr_every_n_steps.
+    bad, every = (41, 45, 49), 8
+    clean = headroom_run((), loss_overflows=False, every=every)
+    forward = headroom_run(bad, loss_overflows=True, every=every)
+    second_measured = [n for n in range(50, 80) if (n + 1) % every == 0][1]
+    assert forward[second_measured] in (clean[second_measured], 2 * clean[second_measured])
+    # The same skips with a finite loss are the gradients': there the policy holds the
+    # scale a growth below, which is what tells the two apart.
+    gradients = headroom_run(bad, loss_overflows=False, every=every)
+    assert gradients[second_measured] < clean[second_measured]

@@ -395,26 +395,32 @@ def test_the_headroom_device_form_follows_adjust_on_long_sequences(rule, start, 
 @settings(max_examples=30, deadline=None)
 @given(
     rule=st.one_of(RULES, HEADROOM_RULES),
-    steps=st.lists(st.tuples(st.booleans(), st.booleans(), amaxes()), min_size=50, max_size=200),
+    steps=st.lists(
+        st.tuples(st.booleans(), st.booleans(), amaxes(), st.sampled_from([None, True, False])),
+        min_size=50,
+        max_size=200,
+    ),
     read_every=st.integers(3, 60),
 )
 def test_loss_scale_follows_adjust_whether_verdicts_come_on_the_host_or_the_device(
     rule, steps, read_every
 ):
     # Verdicts come as host bools or as tensors in any order, reads come between them:
-    # the counters the host keeps and the device's must never part.
+    # the counters the host keeps and the device's must never part. Each iteration's loss
+    # was finite, not, or not seen (None).
     start = within(2.0**16, rule)
     loss_scale = LossScale(rule, start, "cpu")
     expected = rule.memory_type(np.float32(start))
-    for iteration, (found, on_host, amax) in enumerate(steps, start=1):
+    for iteration, (found, on_host, amax, loss) in enumerate(steps, start=1):
         amax = amax if rule.measures(iteration) else None
         measured = None if amax is None else paddle.to_tensor([amax], dtype="float32")
-        if on_host:
-            verdict = Verdict(paddle.to_tensor([found]), found, measured)
-        else:
-            verdict = Verdict(paddle.to_tensor([found]), amax=measured)
+        loss_finite = None if loss is None else paddle.to_tensor(loss)
+        flag = paddle.to_tensor([found])
+        verdict = Verdict(flag, found if on_host else None, measured, loss_finite)
         acted = loss_scale.update(verdict, iteration)
-        expected, expected_acted = reference_adjust(rule, expected, found, amax, iteration)
+        expected, expected_acted = reference_adjust(
+            rule, expected, found, amax, iteration, loss_finite=loss is not False
+        )
         acted = acted if isinstance(acted, bool) else bool(acted.numpy()[0])
         assert acted == expected_acted, f"iteration {iteration}"
         if iteration % read_every == 0:

@@ -94,7 +94,8 @@ class LossScale(TensorsOnHost):
             self.memory.incr_count.fill_(self._host_counters[0])
             self.memory.decr_count.fill_(self._host_counters[1])
         flag = kernels.local_value(verdict.flag)
-        acted = self.rule.adjust_(self._local_memory(), flag, amax, iteration)
+        memory = self._local_memory()
+        acted = self.rule.adjust_(memory, flag, amax, iteration, verdict.loss_finite)
 
         if not counted_on_host:
             # The device alone knows the counters now; the host learns them at its next read.

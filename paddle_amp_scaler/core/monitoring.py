@@ -206,6 +206,11 @@ class RunStatistics(Monitor, TensorsOnHost):
             finite = paddle.logical_and(self._loss_finite, finite)
         self._loss_finite, self.saw_loss = finite, True
 
+    @property
+    def loss_finite(self) -> Tensor | None:
+        """Whether this iteration's losses were all finite (None before one is seen)."""
+        return self._loss_finite
+
     def end_iteration(self, end: IterationEnd) -> None:
         """Count one iteration; nothing is read."""
         # Kept as it came: a host bool where the verdict reached the host, else the flag.

@@ -131,11 +131,17 @@ class Rule:
         return 0 if acts else incr_count, 0, acts
 
     def adjust_(
-        self, memory: Memory, found: Tensor, amax: Tensor | None = None, iteration: int = 0
+        self,
+        memory: Memory,
+        found: Tensor,
+        amax: Tensor | None = None,
+        iteration: int = 0,
+        loss_finite: Tensor | None = None,
     ) -> Tensor:
         """The rule on ``memory``'s device tensors, in place, after ``iteration`` (1-based),
-        from a bool [1] verdict and, where measured, the amax. Returns whether it acted, a
-        bool [1] tensor, and reads nothing. Each rule writes its own.
+        from a bool [1] verdict and, where measured, the amax; ``loss_finite``: whether the
+        iteration's loss was finite (None: not known). Returns whether it acted, a bool [1]
+        tensor, and reads nothing. Each rule writes its own.
         """
         raise NotImplementedError
 
@@ -240,10 +246,15 @@ class IntervalRule(Rule):
         return self.incr_every_n_steps
 
     def adjust_(
-        self, memory: Memory, found: Tensor, amax: Tensor | None = None, iteration: int = 0
+        self,
+        memory: Memory,
+        found: Tensor,
+        amax: Tensor | None = None,
+        iteration: int = 0,
+        loss_finite: Tensor | None = None,
     ) -> Tensor:
         """On the device, Paddle's kernel is the whole rule; ``adjust`` is its specification.
-        It ignores ``amax`` and ``iteration``.
+        It ignores ``amax``, ``iteration`` and ``loss_finite``.
         """
         return self.paddles_update_(memory, found)
 
@@ -320,7 +331,9 @@ class HeadroomRule(Rule):
                        calibration_stride steps at once
             overflow:  overflow_peak falls a growth per incr_every_n_steps iterations; an
                        overflow within a quarter of that after a growth raises it to the
-                       peak whose fit is a growth below the scale that overflowed
+                       peak whose fit is a growth below the scale that overflowed (a
+                       back-off whose loss was already inf/nan lowers the anchor with it:
+                       no scale caused it)
             peak:      halves every peak_half_life iterations (peak_half_life_periods
                        periods); the larger of it and the true amax, but at most
                        2**stale_bits times that amax
@@ -365,19 +378,23 @@ class HeadroomRule(Rule):
         return iteration <= self.calibration_iterations or super().measures(iteration)
 
     def adjust_(
-        self, memory: Memory, found: Tensor, amax: Tensor | None = None, iteration: int = 0
+        self,
+        memory: Memory,
+        found: Tensor,
+        amax: Tensor | None = None,
+        iteration: int = 0,
+        loss_finite: Tensor | None = None,
     ) -> Tensor:
         """In place on ``memory``'s device tensors, after ``iteration`` (1-based): ``Rule``'s
         back-off every iteration, at its cost; in a measured one (``amax``: the largest
         magnitude of the checked scaled gradients) the rest, some forty device operations.
         Returns whether it grew or backed off (a fit downward is neither), a bool [1] tensor.
         """
-        # Back off as every rule does, at its cost, in every iteration.
-        backed_off = self.paddles_update_(memory, found)
+        tensors = cast(HeadroomMemory, memory)
+        backed_off = self._back_off_(tensors, found, loss_finite)
         if amax is None:
             return backed_off
 
-        tensors = cast(HeadroomMemory, memory)
         scale = tensors.scale
         constants = self._constants(iteration, scale.place)
 
@@ -420,6 +437,24 @@ class HeadroomRule(Rule):
         paddle.assign(scale, output=tensors.anchor)
         paddle.assign(C_ops.where(finite, amax, tensors.amax), output=tensors.amax)
         return paddle.logical_or(backed_off, grew)
+
+    def _back_off_(
+        self, tensors: HeadroomMemory, found: Tensor, loss_finite: Tensor | None
+    ) -> Tensor:
+        """Back off as every rule does, at its cost, in every iteration; returns whether
+        it did.
+
+        A back-off whose loss was already inf/nan tells of the forward pass, not of the
+        scale: the anchor follows it down, so that the next measurement does not take it
+        for a scale that was too high, and the fit climbs back.
+        """
+        backed_off = self.paddles_update_(tensors, found)
+        if loss_finite is not None:
+            forward = paddle.logical_and(backed_off, paddle.logical_not(loss_finite))
+            lowered = tensors.anchor * self.decr_ratio
+            paddle.assign(C_ops.where(forward, lowered, tensors.anchor), output=tensors.anchor)
+
+        return backed_off
 
     def _constants(self, iteration: int, place: Any) -> _MeasuredIteration:
         """The numbers of measured iteration ``iteration``, made once per place for each

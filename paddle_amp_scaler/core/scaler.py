@@ -314,6 +314,10 @@ class AmpScaler(TensorsOnHost):
             # Nothing was observed: nothing for the rule, nothing to count.
             return True
 
+        loss_finite = self._monitors.run.loss_finite
+        if loss_finite is not None:
+            verdict = verdict._replace(loss_finite=loss_finite)
+
         iteration = self._iteration
         acted: bool | Tensor = False
         if new_scale is None and self._use_dynamic_loss_scaling:

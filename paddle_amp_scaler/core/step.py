@@ -43,6 +43,8 @@ class Verdict(NamedTuple):
             that reads its flag leaves it behind as one); None where only the device knows.
         amax: where measured, the gradients' largest magnitude as they came, float32 [1]
             on the device (meaningful only where nothing was found).
+        loss_finite: at the end of an iteration, whether its losses (as ``scale()`` saw
+            them) were all finite, a bool tensor; None where no loss was seen.
 
     A tuple, made every step: a frozen dataclass takes several times as long.
     """
@@ -50,6 +52,7 @@ class Verdict(NamedTuple):
     flag: Tensor
     on_host: bool | None = None
     amax: Tensor | None = None
+    loss_finite: Tensor | None = None
 
     @staticmethod
     def of_steps(steps: Sequence[OptimizerStep]) -> Verdict | None:
