@@ -141,9 +141,13 @@ class Rule:
         """The rule on ``memory``'s device tensors, in place, after ``iteration`` (1-based),
         from a bool [1] verdict and, where measured, the amax; ``loss_finite``: whether the
         iteration's loss was finite (None: not known). Returns whether it acted, a bool [1]
-        tensor, and reads nothing. Each rule writes its own.
+        tensor, and reads nothing.
+
+        Here Paddle's kernel, the whole of ``IntervalRule``'s device form (``adjust`` is its
+        specification), which ignores ``amax``, ``iteration`` and ``loss_finite``; a rule
+        that does more writes its own.
         """
-        raise NotImplementedError
+        return self.paddles_update_(memory, found)
 
     def paddles_update_(self, memory: Memory, found: Tensor) -> Tensor:
         """``count`` and its move on the device, shared by every rule: Paddle's
@@ -244,19 +248,6 @@ class IntervalRule(Rule):
     @property
     def incr_count_limit(self) -> int:
         return self.incr_every_n_steps
-
-    def adjust_(
-        self,
-        memory: Memory,
-        found: Tensor,
-        amax: Tensor | None = None,
-        iteration: int = 0,
-        loss_finite: Tensor | None = None,
-    ) -> Tensor:
-        """On the device, Paddle's kernel is the whole rule; ``adjust`` is its specification.
-        It ignores ``amax``, ``iteration`` and ``loss_finite``.
-        """
-        return self.paddles_update_(memory, found)
 
     def adjust(
         self, memory: Memory, found: bool, amax: float | None = None, iteration: int = 0
