@@ -3,9 +3,10 @@ headroom policy would keep: the recipe of docs/monitoring.md, on a real run.
 
 The digits classifier of ``train_digits.py``, from Paddle's default scale (2**16), with
 ``measure_every=50``: every 50th iteration the scaler measures the scaled gradients on
-the device (no read) and ``stats()`` reports how far below float16's ceiling they reach
-(``headroom_bits``) and what share sits in float16's subnormal range, near its floor
-(``subnormal_fraction``); ``underflow_report`` names the gradients that sit lowest. On a
+the device (no read), and ``losing_gradients()`` reports how far below float16's ceiling
+they reach (``headroom_bits``), what share sits in float16's subnormal range, near its
+floor, over the last measurements (``subnormal_fraction``), and the recipe's answer;
+``underflow_report`` names the gradients that sit lowest. On a
 CPU every matmul is rounded through float16 (``round_linear_layers``), so the run also
 counts what float16 really flushed, which a GPU run cannot: the check on the recipe.
 
@@ -28,9 +29,9 @@ from paddle_amp_scaler.testing import UnderflowCensus, round_linear_layers
 
 
 def train(policy, steps, features, labels):
-    """Train from the same weights on the same batches; every 200 steps print the means of
-    the 4 measurements and of the losses since the last line; return the scaler, the model
-    and the census."""
+    """Train from the same weights on the same batches; every 200 steps print what the
+    scaler reads and the mean of the losses since the last line; return the scaler, the
+    model and the census."""
     paddle.seed(0)
     model = paddle.nn.Sequential(
         paddle.nn.Linear(64, 256),
@@ -44,10 +45,7 @@ def train(policy, steps, features, labels):
     optimizer = paddle.optimizer.AdamW(learning_rate=2e-3, parameters=model.parameters())
     scaler = GradScaler(policy=policy, measure_every=50)
     order = np.random.default_rng(0)
-    # One measured iteration's share counts a handful of gradient elements: on another
-    # processor, whose kernels round differently, it moves several-fold. A window's mean
-    # moves far less, and it is what a decision should rest on.
-    readings, losses = [], paddle.zeros([])
+    losses = paddle.zeros([])
     for step in range(1, steps + 1):
         batch = order.choice(len(features), 64, replace=False)
         logits = model(paddle.to_tensor(features[batch]))
@@ -58,18 +56,24 @@ def train(policy, steps, features, labels):
         optimizer.clear_grad()
         census.end_iteration(skipped=scaler.last_step_skipped())
         losses += loss.detach()
-        if step % 50 == 0:  # the latest measurement, one per 50 iterations
-            readings.append(scaler.stats())
         if step % 200 == 0:
-            window = readings[-4:]
+            # Over the last measurements: one measured iteration's share counts a handful
+            # of gradient elements, and moves several-fold on another processor.
+            reading = scaler.losing_gradients()
             print(
-                f"  step {step:4d}  scale 2^{np.log2(window[-1].scale):.0f}  "
-                f"headroom_bits {np.mean([r.headroom_bits for r in window]):5.2f}  "
-                f"subnormal_fraction {np.mean([r.subnormal_fraction for r in window]):.2e}  "
+                f"  step {step:4d}  scale 2^{np.log2(scaler.stats().scale):.0f}  "
+                f"headroom_bits {reading.headroom_bits:5.2f}  "
+                f"subnormal_fraction {reading.subnormal_fraction:.2e}  "
                 f"loss {float(losses) / 200:.4f}"
             )
             losses = paddle.zeros([])
     return scaler, model, census
+
+
+def answer(scaler):
+    """The recipe's answer as the scaler computes it, to its first colon (the numbers
+    follow, as the lines above show them)."""
+    return scaler.losing_gradients().verdict.split(":")[0]
 
 
 def main():
@@ -81,6 +85,7 @@ def main():
 
     print("interval, measure_every=50: what the scaler reports")
     scaler, model, interval = train("interval", steps, features, labels)
+    print(f"  losing_gradients(): {answer(scaler)}")
     lowest = scaler.underflow_report(model)[0]
     print(
         f"  lowest gradient (underflow_report): {lowest.name}  "
@@ -88,7 +93,7 @@ def main():
         f"headroom_bits {lowest.headroom_bits:.1f}"
     )
     print("headroom, measure_every=50")
-    scaler, _, headroom = train("headroom", steps, features, labels)
+    _, _, headroom = train("headroom", steps, features, labels)
     print("what float16 flushed to zero (counted by the emulation, not by the scaler):")
     for name, census in (("interval", interval), ("headroom", headroom)):
         kept = census.kept

@@ -24,7 +24,13 @@ from ._version import __version__
 from .autocast import amp_guard, auto_cast, custom_bwd, custom_fwd, decorate
 from .checkpoint import CheckpointError, load_checkpoint, read_checkpoint, save_checkpoint
 from .compat.keras import LossScaleOptimizer
-from .core.monitoring import LossScaleStuckError, OverflowEntry, ScalerStats, UnderflowEntry
+from .core.monitoring import (
+    LossScaleStuckError,
+    OverflowEntry,
+    ScalerStats,
+    UnderflowEntry,
+    UnderflowReading,
+)
 from .core.scaler import AmpScaler, GradScaler
 from .core.validation import UnknownArgumentError
 from .install import install, uninstall
@@ -43,6 +49,7 @@ __all__ = [
     "ScalerStats",
     "OverflowEntry",
     "UnderflowEntry",
+    "UnderflowReading",
     "LossScaleStuckError",
     "locate_overflow",
     "OverflowOrigin",

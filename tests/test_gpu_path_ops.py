@@ -109,11 +109,12 @@ def test_the_headroom_policy_costs_what_the_budget_says(case):
     # decides in the first 3 and the 64th, and costs nothing more in the others. Each
     # measured iteration: seven operations per gradient (its magnitude, which elements
     # are nonzero and which below float16's floor, its max and two counts); per
-    # optimizer 13: the two bounds, the table made of those (7) and its amax (4); seven
-    # more to join the optimizers' amaxes and keep the iteration's totals; then the rule.
+    # optimizer 13: the two bounds, the table made of those (7) and its amax (4); 13
+    # more to copy the scale, join the optimizers' amaxes and keep the iteration's
+    # totals (7), and to add them to the window, noise left out (6); then the rule.
     measured = gpu_path_ops.measured_iterations()
     assert measured == [1, 2, 3, 64]
-    amax = 7 * case.tensors * case.optimizers + 13 * case.optimizers + 7
+    amax = 7 * case.tensors * case.optimizers + 13 * case.optimizers + 13
     rule = 3 * RULE_OPERATIONS["calibrating"] + RULE_OPERATIONS["later"]
     extra, interval, headroom = gpu_path_ops.headroom_extra(case)
     # The interval rule's run: every iteration a steady-state step, the first included.

@@ -5,6 +5,7 @@ a state dict was saved under the other one."""
 import math
 import pickle
 import warnings
+from typing import NamedTuple
 
 import numpy as np
 import paddle
@@ -13,6 +14,7 @@ from counters import HostReadCounter
 
 from paddle_amp_scaler import AmpScaler, GradScaler
 from paddle_amp_scaler.compat import torch as torch_face
+from paddle_amp_scaler.core.monitoring import Measured
 from paddle_amp_scaler.core.rules import HeadroomRule, IntervalRule
 
 from helpers import GradInjector, Writer, batches, loss_of, make_model
@@ -30,26 +32,40 @@ def expected_row(scaled_grad):
 
 def run(scaler, steps, injector=None, inject_at=(), dim=1e-6, seed=0):
     """Train ``steps`` iterations, the loss dimmed so that some scaled gradients sit in
-    float16's subnormal range; return the model and, per iteration, the scaled gradients
-    as backward left them (by parameter name)."""
+    float16's subnormal range; return the model and, per iteration, the scale and the
+    scaled gradients as backward left them (by parameter name)."""
     model = make_model(seed)
     optimizer = paddle.optimizer.SGD(learning_rate=1e-3, parameters=model.parameters())
     injector = injector or GradInjector(model[0].weight)
     seen = []
     for step, batch in enumerate(batches(seed, steps=steps)):
+        scale = scaler.stats().scale
         with injector.inject(math.inf if step in inject_at else None):
             scaler.scale(loss_of(model, batch) * dim).backward()
-        seen.append({p.name: p.grad.numpy().copy() for p in model.parameters()})
+        seen.append(Seen(scale, {p.name: p.grad.numpy().copy() for p in model.parameters()}))
         scaler.step(optimizer)
         scaler.update()
         optimizer.clear_grad()
     return model, seen
 
 
-def totals_of(grads):
-    rows = [expected_row(grad) for grad in grads.values()]
+class Seen(NamedTuple):
+    scale: float
+    grads: dict
+
+
+def totals_of(seen, scale_now):
+    """The headroom (at ``scale_now``) and the subnormal share of one iteration ``seen``."""
+    rows = [expected_row(grad) for grad in seen.grads.values()]
     amax = max(row[0] for row in rows)
-    return math.log2(FLOAT16_MAX / amax), sum(r[1] for r in rows) / sum(r[2] for r in rows)
+    share = sum(row[1] for row in rows) / sum(row[2] for row in rows)
+    return bits_at(amax, seen.scale, scale_now), share
+
+
+def bits_at(scaled_amax, scale_then, scale_now):
+    """The headroom of gradients whose amax was ``scaled_amax`` at ``scale_then``, referred
+    to ``scale_now``: doublings left before 65504."""
+    return math.log2(FLOAT16_MAX / (scaled_amax / scale_then * scale_now))
 
 
 @pytest.mark.parametrize("value", [0, -3, 2.5, "64", True])
@@ -105,8 +121,8 @@ def test_the_numbers_are_those_of_the_last_measured_iteration(measure_every):
     scaler = GradScaler(init_loss_scaling=2.0**10, measure_every=measure_every)
     _, seen = run(scaler, 5)
     last = max(n for n in range(1, 6) if scaler._rule.measures(n))
-    bits, fraction = totals_of(seen[last - 1])
     stats = scaler.stats()
+    bits, fraction = totals_of(seen[last - 1], stats.scale)
     assert 0 < fraction < 1, "the workload puts some gradients near float16's floor"
     assert stats.headroom_bits == pytest.approx(bits, rel=1e-6)
     assert stats.subnormal_fraction == pytest.approx(fraction, rel=1e-12)
@@ -116,16 +132,18 @@ def test_an_iteration_with_inf_keeps_the_last_finite_measurement():
     scaler = GradScaler(init_loss_scaling=2.0**10, measure_every=1)
     model, seen = run(scaler, 4, inject_at=(3,))
     stats = scaler.stats()
-    assert stats.last_skipped == 4
-    assert stats.subnormal_fraction == pytest.approx(totals_of(seen[2])[1], rel=1e-12)
+    assert stats.last_skipped == 4 and stats.scale < seen[2].scale
+    assert stats.subnormal_fraction == pytest.approx(totals_of(seen[2], stats.scale)[1], rel=1e-12)
     # And so does the per-gradient report.
     by_name = {p.name: name for name, p in model.named_parameters()}
     report = {entry.name: entry for entry in scaler.underflow_report(model)}
-    for paddle_name, grad in seen[2].items():
+    for paddle_name, grad in seen[2].grads.items():
         amax, subnormal, nonzero = expected_row(grad)
         entry = report[by_name[paddle_name]]
         assert (entry.subnormal, entry.nonzero) == (subnormal, nonzero)
-        assert entry.headroom_bits == pytest.approx(math.log2(FLOAT16_MAX / amax), rel=1e-6)
+        # Referred, as stats()' headroom, to the scale the scaler has now.
+        expected_bits = bits_at(amax, seen[2].scale, stats.scale)
+        assert entry.headroom_bits == pytest.approx(expected_bits, rel=1e-6)
         assert entry.shape == grad.shape and entry.dtype == "float32"
 
 
@@ -254,12 +272,118 @@ def test_a_resume_keeps_the_measured_numbers(policy):
     scaler = GradScaler(policy=policy, init_loss_scaling=2.0**10, measure_every=2)
     run(scaler, 4)
     state = scaler.state_dict()
-    assert set(state["measured"]) == {"amax", "subnormal", "nonzero"}
+    assert set(state["measured"]) == set(WINDOW_KEYS)
     resumed = GradScaler(policy=policy, measure_every=2)
     resumed.load_state_dict(state)
     assert resumed.stats() == scaler.stats()
+    assert resumed.state_dict()["measured"] == pytest.approx(state["measured"], rel=1e-12)
+    assert resumed.losing_gradients() == scaler.losing_gradients()
     # A scaler that measured nothing writes no such key; Paddle's dict has none.
     assert "measured" not in GradScaler().state_dict()
+
+
+def test_a_dict_saved_before_the_window_starts_it_at_its_last_measurement():
+    scaler = GradScaler(init_loss_scaling=2.0**10, measure_every=1)
+    run(scaler, 3)
+    state = scaler.state_dict()
+    state["measured"] = {key: state["measured"][key] for key in ("amax", "subnormal", "nonzero")}
+    resumed = GradScaler(measure_every=1)
+    resumed.load_state_dict(state)
+    assert resumed.stats() == scaler.stats()
+    window = resumed.state_dict()["measured"]
+    assert (window["subnormal_window"], window["nonzero_window"]) == (
+        window["subnormal"],
+        window["nonzero"],
+    )
+
+
+WINDOW_KEYS = ("amax", "subnormal", "nonzero", "subnormal_window", "nonzero_window")
+
+
+def window_of(seen, measured):
+    """The window's counts from NumPy alone: over the iterations ``measured`` (1-based)
+    whose gradients were all finite, each weighing 3/4 of the one after it, leaving out
+    the gradients all of whose nonzero elements are subnormal."""
+    subnormal = nonzero = 0.0
+    for number in measured:
+        grads = seen[number - 1].grads.values()
+        if all(np.isfinite(grad).all() for grad in grads):
+            rows = [row for row in map(expected_row, grads) if row[1] < row[2]]
+            subnormal = 0.75 * subnormal + sum(row[1] for row in rows)
+            nonzero = 0.75 * nonzero + sum(row[2] for row in rows)
+    return subnormal, nonzero
+
+
+@pytest.mark.parametrize("policy", ["interval", "headroom"])
+def test_the_window_weighs_the_finite_measured_iterations_of_late(policy):
+    scaler = GradScaler(policy=policy, init_loss_scaling=2.0**10, measure_every=2)
+    _, seen = run(scaler, 9, inject_at=(3, 5))
+    measured = [n for n in range(1, 10) if scaler._rule.measures(n)]
+    subnormal, nonzero = window_of(seen, measured)
+    state = scaler.state_dict()["measured"]
+    assert state["subnormal_window"] == pytest.approx(subnormal, rel=1e-12)
+    assert state["nonzero_window"] == pytest.approx(nonzero, rel=1e-12)
+    # The fields of stats() are still the last finite measured iteration's alone.
+    last = max(n for n in measured if n - 1 not in (3, 5))
+    assert scaler.stats().subnormal_fraction == pytest.approx(
+        totals_of(seen[last - 1], 1.0)[1], rel=1e-12
+    )
+
+
+def test_the_headroom_is_referred_to_the_scale_stats_reports():
+    # Measured in iterations 1 to 3; the scale grows every iteration after: by the end,
+    # the gradients measured have 2 doublings fewer left at the scale reported.
+    scaler = GradScaler(init_loss_scaling=2.0**10, incr_every_n_steps=1, measure_every=100)
+    _, seen = run(scaler, 5)
+    stats = scaler.stats()
+    assert stats.scale == 2.0**15 and seen[2].scale == 2.0**12
+    bits, _ = totals_of(seen[2], stats.scale)
+    assert stats.headroom_bits == pytest.approx(bits, rel=1e-6)
+    assert stats.headroom_bits == pytest.approx(totals_of(seen[2], seen[2].scale)[0] - 3, rel=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("share", "bits", "starts"),
+    [
+        (0.99e-4, 9.0, "no:"),
+        (1e-4, 2.01, "yes, and a higher scale keeps some"),
+        (1e-2, 8.0, "yes, and a higher scale keeps some"),
+        (1e-4, 2.0, "yes, and no scale keeps them"),
+        (1e-2, 0.0, "yes, and no scale keeps them"),
+        (1e-2, -0.5, "not as float16 would"),
+    ],
+)
+def test_the_bottom_line_reads_the_recipe_with_no_gap(share, bits, starts):
+    # Only the window's share and the headroom decide; the last iteration's share does not.
+    amax = FLOAT16_MAX / 2.0**bits
+    measured = Measured(amax, 0, 1, share * 1e6, 1e6)
+    reading = measured.reading("interval")
+    assert reading.verdict.startswith(starts) and str(reading) == reading.verdict
+    assert f"{share:.1e}" in reading.verdict
+    assert reading.subnormal_fraction == pytest.approx(share, rel=1e-12)
+    assert reading.headroom_bits == pytest.approx(bits, abs=1e-12)
+    assert Measured().reading("interval") == (None, None, Measured().reading("headroom").verdict)
+    assert Measured().reading("interval").verdict.startswith("not known yet")
+    # Under the headroom policy the remedy is the policy's own: it says why it waits.
+    under_headroom = measured.reading("headroom").verdict
+    assert ('policy="headroom"' in reading.verdict) == starts.endswith("keeps some")
+    assert 'policy="headroom"' not in under_headroom
+
+
+def test_losing_gradients_is_the_bottom_line_of_the_numbers_measured():
+    scaler = GradScaler(init_loss_scaling=2.0**10, measure_every=1)
+    _, seen = run(scaler, 4)
+    stats = scaler.stats()
+    bits, _ = totals_of(seen[3], stats.scale)
+    subnormal, nonzero = window_of(seen, [1, 2, 3, 4])
+    reading = scaler.losing_gradients()
+    assert reading.subnormal_fraction == pytest.approx(subnormal / nonzero, rel=1e-12)
+    assert reading.headroom_bits == pytest.approx(bits, rel=1e-6) == stats.headroom_bits
+    expected = Measured(FLOAT16_MAX / 2.0**bits, 0, 1, subnormal, nonzero).reading("interval")
+    assert expected.verdict.startswith("yes"), "the workload puts gradients near the floor"
+    assert reading.verdict == expected.verdict
+    with pytest.raises(RuntimeError, match="measure_every=N"):
+        GradScaler().losing_gradients()
 
 
 @pytest.mark.parametrize(
@@ -290,3 +414,41 @@ def test_optimizers_of_other_parameters_in_turn_each_get_their_report():
         optimizer.clear_grad()
     names = {p.name for p in second.parameters()}
     assert {entry.name for entry in scaler.underflow_report()} == names
+
+
+class Attention(paddle.nn.Layer):
+    """Self-attention and a classifier: the key projection's bias has a true gradient of
+    zero (softmax is blind to a constant added to every score of a row), so what backward
+    leaves in it is rounding noise."""
+
+    def __init__(self):
+        super().__init__()
+        self.attention = paddle.nn.MultiHeadAttention(16, 2)
+        self.head = paddle.nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.head(self.attention(x, x, x).mean(1))
+
+
+def test_the_report_puts_noise_last_and_the_window_leaves_it_out():
+    paddle.seed(0)
+    model = Attention()
+    optimizer = paddle.optimizer.SGD(learning_rate=1e-3, parameters=model.parameters())
+    scaler = GradScaler(init_loss_scaling=2.0**10, measure_every=1)
+    x, y = paddle.randn([8, 5, 16]), paddle.randint(0, 4, [8])
+    scaler.scale(paddle.nn.functional.cross_entropy(model(x), y) * 1e-3).backward()
+    grads = {name: param.grad.numpy().copy() for name, param in model.named_parameters()}
+    scaler.step(optimizer)
+    scaler.update()
+
+    rows = {name: expected_row(grad) for name, grad in grads.items()}
+    noise = {name for name, (_, subnormal, nonzero) in rows.items() if 0 < subnormal == nonzero}
+    assert noise == {"attention.k_proj.bias"}, "the key bias holds noise alone"
+    names = [entry.name for entry in scaler.underflow_report(model)]
+    assert names[-1] == "attention.k_proj.bias" and len(names) == len(rows)
+    signal = [row for name, row in rows.items() if name not in noise]
+    share = sum(row[1] for row in signal) / sum(row[2] for row in signal)
+    assert scaler.losing_gradients().subnormal_fraction == pytest.approx(share, rel=1e-12)
+    # stats() counts every gradient, as its contract says.
+    every = sum(row[1] for row in rows.values()) / sum(row[2] for row in rows.values())
+    assert scaler.stats().subnormal_fraction == pytest.approx(every, rel=1e-12) != share

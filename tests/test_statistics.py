@@ -444,6 +444,19 @@ def test_the_stuck_message_names_the_gradients_where_the_loss_was_finite():
     assert "inf/nan gradients at every scale down to" in stuck_message(mixed)
 
 
+@pytest.mark.parametrize("loss", [math.inf, 1.0])
+def test_the_stuck_message_names_the_model_the_scaler_knows(loss):
+    # Given report_overflows=model, the scaler knows which model to run locate_overflow
+    # on, whichever the cause; without it, it names none.
+    model = paddle.nn.Sequential(paddle.nn.Linear(2, 2))
+    message = stuck_message([((loss,), True)] * 10, report_overflows=model)
+    named = "locate_overflow(model) as found:` (model: the Sequential this scaler was given"
+    assert (named if loss == math.inf else "locate_overflow(model) (model: the Sequential") in (
+        message
+    )
+    assert "report_overflows" not in stuck_message([((loss,), True)] * 10)
+
+
 def test_a_resumed_run_blames_the_loss_as_the_uninterrupted_one_does(tmp_path):
     # Half the streak before the resume: the streak of non-finite losses travels with it.
     first = LossRun(GradScaler(stuck_after=5, on_stuck="raise"))

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..checkpoint import Checkpoint, CheckpointError, inspect_checkpoint
 from ..checkpoint.file_format import not_loaded_in, unbuilt
-from ..core.monitoring import Measurements
+from ..core.monitoring import Measured
 from ..core.rules import IntervalRule
 from ..core.state_dict import parse_state_dict
 from .report import line
@@ -87,6 +87,7 @@ def _scaler_lines(scaler: Mapping[str, Any]) -> list[str]:
         lines.append(line("  headroom", f"{scaler['headroom_bits']:.2f} bits below float16's top"))
         share = scaler["subnormal_fraction"]
         lines.append(line("  subnormal", f"{share:.3g} of the nonzero gradient elements"))
+        lines.append(line("  losing", scaler["losing_gradients"]))
     if scaler["stats"] is not None:
         lines.append(line("  stats", _named(scaler["stats"])))
     return lines
@@ -181,14 +182,17 @@ def _scaler(state: Mapping[str, Any]) -> dict[str, Any]:
         saved = parse_state_dict(state)
     except (TypeError, ValueError) as error:
         return {"enabled": True, "error": str(error)}
-    measured = list((saved.measured or {}).values()) or [0.0, 0.0, 0.0]
+    measured = saved.measured or Measured()
     summary = {
         "enabled": True,
         **dataclasses.asdict(saved),
         # A dict without a policy is the interval rule's, which scalers follow by default.
         "policy": saved.policy or IntervalRule.name,
     }
-    summary["headroom_bits"], summary["subnormal_fraction"] = Measurements.readings(measured)
+    summary["measured"] = None if saved.measured is None else measured._asdict()
+    summary["headroom_bits"] = measured.headroom_bits
+    summary["subnormal_fraction"] = measured.subnormal_fraction
+    summary["losing_gradients"] = measured.reading(summary["policy"]).verdict
     if saved.stats is not None:
         # The counts the state dict saves; the measured numbers and the scale are beside.
         for key in ("scale", "headroom_bits", "subnormal_fraction"):

@@ -101,8 +101,9 @@ class ScalerStats:
             counts; the headroom policy's fit downward, which skips nothing, does not).
         scale: the current scale.
         headroom_bits: ``log2(65504 / amax)`` of the last finite measured iteration's
-            scaled gradients: how many doublings they had left before inf. None before
-            any measurement; negative where they were not float16 (``docs/monitoring.md``).
+            gradients times ``scale``: how many doublings the current scale leaves them
+            before inf. None before any measurement; negative where they were not float16
+            (``docs/monitoring.md``).
         subnormal_fraction: of that iteration's nonzero scaled gradient elements, the
             share in float16's subnormal range (``0 < |g| < 2**-14``); None as above.
         nonfinite_loss: the iterations whose loss, as handed to ``scale()``, was inf or
@@ -274,11 +275,9 @@ class RunStatistics(Monitor, TensorsOnHost):
         column = pieces[0] if len(pieces) == 1 else paddle.concat(pieces)
         return column.astype(paddle.int64)
 
-    def stats(
-        self, counts: list[float], scale: float, measured: tuple[float | None, float | None]
-    ) -> ScalerStats:
+    def stats(self, counts: list[float], scale: float, measured: Measured) -> ScalerStats:
         """The ``ScalerStats`` of ``counts``, the values of ``self.counts`` read after
-        ``count_pending``, and of ``measured``: the headroom and subnormal fraction.
+        ``count_pending``, at ``scale``, with the headroom and subnormal share ``measured``.
         """
         skipped, streak, since_skip, growths, backoffs, nonfinite, nonfinite_streak = (
             int(count) for count in counts
@@ -286,7 +285,6 @@ class RunStatistics(Monitor, TensorsOnHost):
         self.nonfinite_streak = nonfinite_streak
 
         last = self.iterations - since_skip if skipped else None
-        headroom_bits, subnormal_fraction = measured
         return ScalerStats(
             self.iterations,
             skipped,
@@ -295,8 +293,8 @@ class RunStatistics(Monitor, TensorsOnHost):
             growths,
             backoffs,
             scale,
-            headroom_bits,
-            subnormal_fraction,
+            measured.headroom_bits,
+            measured.subnormal_fraction,
             nonfinite if self.saw_loss else None,
         )
 
@@ -340,7 +338,13 @@ class StuckPolicy(Monitor):
     ``stuck_after + k - 1`` consecutive skips.
     """
 
-    def __init__(self, stuck_after: int | None, on_stuck: OnStuck, run: RunStatistics) -> None:
+    def __init__(
+        self,
+        stuck_after: int | None,
+        on_stuck: OnStuck,
+        run: RunStatistics,
+        model_type: str | None = None,
+    ) -> None:
         if stuck_after is not None:
             if isinstance(stuck_after, bool) or not isinstance(stuck_after, int):
                 raise TypeError(f"stuck_after must be None or an int, got {stuck_after!r}")
@@ -357,6 +361,9 @@ class StuckPolicy(Monitor):
         self.on_stuck = on_stuck
         # Its read of the statistics also gives the streak of non-finite losses.
         self._run = run
+        # The type of the model the scaler names gradients by, where it was given one: the
+        # model to run locate_overflow on.
+        self._model_type = model_type
         self._warned_streak_start: int | None = None
 
     def end_iteration(self, end: IterationEnd) -> None:
@@ -390,8 +397,8 @@ class StuckPolicy(Monitor):
                 "scaling: the forward pass overflowed float16, or the data or the loss "
                 "function made inf/nan. No loss scale fixes that (the scale is down to "
                 f"{stats.scale:g}). Find the layer: run one iteration inside `with "
-                "paddle_amp_scaler.locate_overflow(model) as found:` and print(found); then "
-                "run that layer in float32 or bfloat16, or check the data"
+                f"paddle_amp_scaler.locate_overflow(model) as found:`{self._model()} and "
+                "print(found); then run that layer in float32 or bfloat16, or check the data"
             )
 
         finite = ", with a finite loss" if forward else ""
@@ -399,8 +406,13 @@ class StuckPolicy(Monitor):
             f"{streak}: inf/nan gradients at every scale down to {stats.scale:g}{finite}. "
             "Check the model and the data for inf/nan, or lower the learning rate; a "
             "forward overflow does not always reach the loss (a relu turns nan into 0): "
-            "paddle_amp_scaler.locate_overflow(model) tells"
+            f"paddle_amp_scaler.locate_overflow(model){self._model()} tells"
         )
+
+    def _model(self) -> str:
+        if self._model_type is None:
+            return ""
+        return f" (model: the {self._model_type} this scaler was given as report_overflows)"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -453,17 +465,19 @@ def recorder_for(report_overflows: Any) -> OverflowRecorder | None:
             f"names the report and its log lines should use, got {report_overflows!r}"
         )
 
-    return OverflowRecorder({p.name: name for name, p in report_overflows.named_parameters()})
+    names = {p.name: name for name, p in report_overflows.named_parameters()}
+    return OverflowRecorder(names, type(report_overflows).__name__)
 
 
 class OverflowRecorder(Monitor):
     """Counts inf and nan per gradient during an iteration; keeps the last iteration that
     had any. ``names`` maps Paddle's parameter names (``linear_0.w_0``) to the model's structured
-    ones (``0.weight``) where it knows them.
+    ones (``0.weight``) where it knows them, from the model of type ``model_type``.
     """
 
-    def __init__(self, names: dict[str, str] | None = None) -> None:
+    def __init__(self, names: dict[str, str] | None = None, model_type: str | None = None) -> None:
         self.names = names or {}
+        self.model_type = model_type
         # Per unscale: (param, grad dtype) in the order of the tally's rows, and the tally.
         self._pending: list[tuple[list[tuple[Any, Any]], Tensor]] = []
         # The last iteration that found inf/nan: each entry with its parameter.
@@ -586,24 +600,132 @@ def _headroom_bits(amax: float) -> float | None:
     return math.log2(validation.FLOAT16_MAX / amax) if amax > 0 else None
 
 
+# The window of measured iterations that ``Measured``'s window counts are over: each
+# iteration weighs this much of the one after it, so the latest four weigh two thirds.
+WINDOW_DECAY = 0.75
+# The bottom line's thresholds: a subnormal share below which hardly anything is lost, and
+# the headroom at or below which the scale is as high as the largest gradient allows.
+FLOOR_SHARE = 1e-4
+NEAR_CEILING_BITS = 2.0
+
+
+class Measured(NamedTuple):
+    """What the measured iterations found, as host numbers: the largest magnitude of the
+    last finite one's gradients (at the scale they are read at: their true amax times it),
+    its subnormal and nonzero elements, and both counts over a window of the measured
+    finite iterations of late (``WINDOW_DECAY``).
+    """
+
+    amax: float = 0.0
+    subnormal: float = 0.0
+    nonzero: float = 0.0
+    subnormal_window: float = 0.0
+    nonzero_window: float = 0.0
+
+    @property
+    def headroom_bits(self) -> float | None:
+        return _headroom_bits(self.amax)
+
+    @property
+    def subnormal_fraction(self) -> float | None:
+        return self.subnormal / self.nonzero if self.nonzero else None
+
+    @property
+    def window_fraction(self) -> float | None:
+        """The subnormal share over the window: steadier than one iteration's."""
+        return self.subnormal_window / self.nonzero_window if self.nonzero_window else None
+
+    def reading(self, policy: str) -> UnderflowReading:
+        """Whether the run loses gradients at float16's floor, and what to do under
+        ``policy``: the recipe of ``docs/monitoring.md`` applied to the window's share and
+        the headroom.
+        """
+        share, bits = self.window_fraction, self.headroom_bits
+        if share is None or bits is None:
+            verdict = "not known yet: no measured iteration had finite, nonzero gradients"
+            return UnderflowReading(share, bits, verdict)
+
+        near_floor = (
+            f"{share:.1e} of the nonzero scaled gradient elements (over the last measured "
+            "iterations) lie in float16's subnormal range, near its floor"
+        )
+        if share < FLOOR_SHARE:
+            verdict = f"no: {near_floor}, under {FLOOR_SHARE:g}; nothing to do"
+        elif bits < 0:
+            verdict = (
+                f"not as float16 would: {near_floor}, but the largest gradient is beyond "
+                "65504 and finite, so the gradients are not float16 (float32 where "
+                "amp_guard is off, as on a CPU)"
+            )
+        elif bits > NEAR_CEILING_BITS:
+            remedy = (
+                "the headroom policy holds the scale there because larger gradients came "
+                "lately, and raises it as their memory fades"
+                if policy == "headroom"
+                else 'policy="headroom" fits the scale to about 1 bit below it'
+            )
+            verdict = (
+                f"yes, and a higher scale keeps some: {near_floor}, while the largest has "
+                f"{bits:.1f} doublings of the current scale left before float16's ceiling; "
+                f"{remedy}"
+            )
+        else:
+            verdict = (
+                f"yes, and no scale keeps them: {near_floor}, and the largest has only "
+                f"{bits:.1f} doublings of the current scale left: float16's range is narrower "
+                "than these gradients'. Train in bfloat16, or keep the layers "
+                "underflow_report(model) names in float32"
+            )
+        return UnderflowReading(share, bits, verdict)
+
+
+class UnderflowReading(NamedTuple):
+    """Is the run losing gradients at float16's floor? ``losing_gradients()``'s answer.
+
+    Args:
+        subnormal_fraction: the share of the nonzero scaled gradient elements in float16's
+            subnormal range, over the last measured finite iterations (each weighing 3/4
+            of the one after it): steadier than ``ScalerStats``' share of one iteration. It
+            leaves out the gradients all of whose nonzero elements are subnormal, noise
+            rather than signal (``underflow_report`` lists them last).
+        headroom_bits: as ``ScalerStats.headroom_bits``, at the current scale.
+        verdict: the recipe's answer, a sentence that starts with "no", "yes" or "not",
+            and what to do; ``str()`` of the reading.
+    """
+
+    subnormal_fraction: float | None
+    headroom_bits: float | None
+    verdict: str
+
+    def __str__(self) -> str:
+        return self.verdict
+
+
 class Measurements(Monitor, TensorsOnHost):
     """What the measured iterations found, kept on the device until read: ``totals``, a
-    float64 [3] tensor (largest magnitude, subnormal elements, nonzero elements) over the
-    gradients of the last finite measured iteration (zeros before it), and per gradient
-    its row of ``kernels.measure``'s table.
+    float64 [5] tensor of ``Measured``'s fields but with the true (unscaled) amax, zeros
+    before any finite measured iteration; and per gradient its row of ``kernels.measure``'s
+    table, with the scale its rows were measured at.
     """
 
     def __init__(self, loss_scale: LossScale) -> None:
         # Its rule says which iterations are measured.
         self._loss_scale = loss_scale
         place = loss_scale.scale.place
-        self.totals = paddle.to_tensor([0.0, 0.0, 0.0], dtype=paddle.float64, place=place)
+        self.totals = paddle.to_tensor(Measured(), dtype=paddle.float64, place=place)
 
         # Per unscale of this iteration: each measured gradient's (owner, shape, dtype),
         # its owner a parameter or, for gradients handed over without one, its position.
         self._pending: list[tuple[list[tuple[Any, ...]], Tensor]] = []
+        # The scale the iteration's gradients were scaled by (a copy: the update writes
+        # the scale in place before the iteration's end is heard).
+        self._scale_then: Tensor | None = None
         self._owners: list[tuple[Any, ...]] = []
         self._table: Tensor | None = None
+        self._table_scale: Tensor | None = None
+        # Times a row's (subnormal, nonzero): how many of its nonzero elements are not
+        # subnormal.
+        self._beyond_subnormal = paddle.to_tensor([[-1.0], [1.0]], paddle.float64, place)
 
     def looks_at(self, iteration: int) -> bool:
         return self._loss_scale.rule.measures(iteration)
@@ -624,13 +746,15 @@ class Measurements(Monitor, TensorsOnHost):
             for index, shard in enumerate(shards)
             if kernels.is_checked(shard)
         ]
+        if not self._pending:
+            self._scale_then = kernels.local_value(self._loss_scale.scale).astype(paddle.float64)
         self._pending.append((owners, table))
 
         return kernels.amax_in(table)
 
     def end_iteration(self, end: IterationEnd) -> None:
-        """Keep this iteration's measurement where it was finite, decided on the device;
-        its amax the one the ranks agreed, where they did.
+        """Keep this iteration's measurement where it was finite, decided on the device:
+        its amax the one the ranks agreed, where they did, and referred to no scale.
         """
         if not self._pending:
             return
@@ -641,11 +765,21 @@ class Measurements(Monitor, TensorsOnHost):
             # Known on the host to have overflowed: nothing of it is kept.
             return
 
+        scale_then = cast(Tensor, self._scale_then)
         table = paddle.concat([table for _, table in pending])
         owners = [owner for unscale_owners, _ in pending for owner in unscale_owners]
-        largest = kernels.C_ops.max(table[:, 0], [], False) if amax is None else amax.reshape([])
-        columns = [largest.astype(paddle.float64), table[:, 1].sum(), table[:, 2].sum()]
-        totals = paddle.stack(columns)
+        largest = kernels.C_ops.max(table[:, 0], [], True) if amax is None else amax
+        true_amax = largest.astype(paddle.float64) / scale_then
+
+        # Per gradient (subnormal, nonzero), and its signal: 1 where some of its nonzero
+        # elements are not subnormal, else 0. The window leaves out the gradients all of
+        # whose elements are subnormal: noise (``_lowest_first``), and in a large model
+        # enough of it to sway the verdict.
+        counts = table[:, 1:]
+        signal = kernels.C_ops.sign(paddle.matmul(counts, self._beyond_subnormal))
+        latest = paddle.matmul(signal, counts, transpose_x=True).reshape([2])
+        window = self.totals[3:] * WINDOW_DECAY + latest
+        totals = paddle.concat([true_amax, counts.sum(0), window])
 
         # Known on the device only: the last finite measurement stays where this one
         # overflowed. The gradients are the same ones where the owners are, by identity (a
@@ -656,45 +790,57 @@ class Measurements(Monitor, TensorsOnHost):
             totals = paddle.where(flag, self.totals, totals)
             if same:
                 table = paddle.where(flag, self._table, table)
+                scale_then = paddle.where(flag, self._table_scale, scale_then)
 
-        self.totals, self._owners, self._table = totals, owners, table
+        self.totals, self._owners = totals, owners
+        self._table, self._table_scale = table, scale_then
 
-    def load(self, measured: dict[str, float] | None) -> None:
-        """Take the totals a state dict saved (None: none measured yet)."""
-        values = [0.0, 0.0, 0.0] if measured is None else list(measured.values())
+    def load(self, measured: Measured | None, scale: float) -> None:
+        """Take what a state dict saved at ``scale`` (None: none measured yet)."""
+        values = Measured() if measured is None else measured
+        values = values._replace(amax=values.amax / scale)
         self.totals = paddle.to_tensor(values, dtype=paddle.float64, place=self.totals.place)
 
-    @staticmethod
-    def readings(totals: list[float]) -> tuple[float | None, float | None]:
-        """``headroom_bits`` and ``subnormal_fraction`` from the values of ``totals``."""
-        amax, subnormal, nonzero = totals
-        return _headroom_bits(amax), (subnormal / nonzero if nonzero else None)
-
     def report(self, model: Any, names: dict[str, str] | None) -> list[UnderflowEntry]:
-        """Per gradient, the largest share near float16's floor first (one read)."""
+        """Per gradient, the largest share near float16's floor first, and last those whose
+        every element is subnormal (one read; the headroom at the current scale).
+        """
         if self._table is None:
             return []
 
         params = [owner for owner, _, _ in self._owners if not isinstance(owner, int)]
         by_id = _names_by_id(model, params)
         entries = []
-        rows = self._table.numpy().tolist()
+        *numbers, scale_then, scale = kernels.read_numbers(
+            self._table, self._table_scale, self._loss_scale.scale
+        )
+        rows = np.reshape(numbers, [-1, 3]).tolist()
         for (owner, shape, dtype), (amax, subnormal, nonzero) in zip(self._owners, rows):
             if isinstance(owner, int):
                 name = f"grads[{owner}]"
             else:
                 name = by_id.get(id(owner)) or (names or {}).get(owner.name, owner.name)
-            bits = _headroom_bits(amax)
+            bits = _headroom_bits(amax / scale_then * scale)
             entries.append(UnderflowEntry(name, shape, dtype, int(subnormal), int(nonzero), bits))
 
-        return sorted(
-            entries,
-            key=lambda entry: (-(entry.subnormal_fraction or 0.0), -(entry.headroom_bits or 0.0)),
-        )
+        return sorted(entries, key=_lowest_first)
 
     def __getstate__(self) -> dict[str, Any]:
         # The parameters stay out of a pickle (a copy of the weights): so do their rows.
-        return {**super().__getstate__(), "_pending": [], "_owners": [], "_table": None}
+        state = super().__getstate__()
+        emptied: dict[str, Any] = {"_pending": [], "_scale_then": None, "_owners": []}
+        return {**state, **emptied, "_table": None, "_table_scale": None}
+
+
+def _lowest_first(entry: UnderflowEntry) -> tuple[bool, float, float]:
+    """The report's order: the largest subnormal share first, the most headroom (the
+    lowest gradient) breaking ties. A gradient all of whose nonzero elements are subnormal
+    comes last: that is what rounding leaves of a gradient that is zero in exact
+    arithmetic (a key projection's bias, to which softmax is blind), noise rather than the
+    layer to fix.
+    """
+    share = entry.subnormal_fraction or 0.0
+    return (share == 1.0, -share, -(entry.headroom_bits or 0.0))
 
 
 class Monitors(TensorsOnHost):
@@ -712,7 +858,8 @@ class Monitors(TensorsOnHost):
         self.run = RunStatistics(loss_scale.scale.place)
         self.measured = Measurements(loss_scale)
         self.overflows = recorder_for(report_overflows)
-        self.stuck_policy = StuckPolicy(stuck_after, on_stuck, self.run)
+        model_type = None if self.overflows is None else self.overflows.model_type
+        self.stuck_policy = StuckPolicy(stuck_after, on_stuck, self.run, model_type)
 
         # Those that look at the gradients before an unscale writes them.
         self.looking: list[Monitor] = [self.measured]
@@ -730,24 +877,32 @@ class Monitors(TensorsOnHost):
         for monitor in self.in_order:
             monitor.end_iteration(end)
 
-    def read(self, loss_scale: LossScale) -> tuple[Memory, ScalerStats, list[float]]:
-        """The rule's memory, the run's statistics and the measured totals, in one read."""
+    def read(self, loss_scale: LossScale) -> tuple[Memory, ScalerStats, Measured]:
+        """The rule's memory, the run's statistics and what was measured (at the current
+        scale), in one read.
+        """
         self.run.count_pending()
         memory, numbers = loss_scale.read(self.run.counts, self.measured.totals)
 
-        counts, totals = numbers[:-3], numbers[-3:]
-        readings = self.measured.readings(totals)
-        return memory, self.run.stats(counts, float(memory.scale), readings), totals
+        width = len(Measured._fields)
+        counts, (true_amax, *elements) = numbers[:-width], numbers[-width:]
+        scale = float(memory.scale)
+        measured = Measured(true_amax * scale, *elements)
+        return memory, self.run.stats(counts, scale, measured), measured
 
     def load(
-        self, stats: ScalerStats | None, nonfinite_streak: int, measured: dict[str, float] | None
+        self,
+        stats: ScalerStats | None,
+        nonfinite_streak: int,
+        measured: Measured | None,
+        scale: float,
     ) -> None:
-        """Take what a state dict saved: the run's counts (None: kept) with the streak of
-        non-finite losses, and the measured totals.
+        """Take what a state dict saved at ``scale``: the run's counts (None: kept) with the
+        streak of non-finite losses, and what was measured.
         """
         if stats is not None:
             self.run.load(stats, nonfinite_streak)
-        self.measured.load(measured)
+        self.measured.load(measured, scale)
 
     def overflow_report(self, model: Any) -> list[OverflowEntry]:
         if self.overflows is None:
@@ -759,14 +914,20 @@ class Monitors(TensorsOnHost):
         return self.overflows.report(model)
 
     def underflow_report(self, model: Any) -> list[UnderflowEntry]:
-        if not self.measured.looks_at(1):
-            raise RuntimeError(
-                "underflow_report() needs measured gradients: build the scaler with "
-                "measure_every=N (every N-th iteration measured, from the first)"
-            )
-
+        self._refuse_unmeasured("underflow_report()")
         names = None if self.overflows is None else self.overflows.names
         return self.measured.report(model, names)
+
+    def losing_gradients(self, loss_scale: LossScale) -> UnderflowReading:
+        self._refuse_unmeasured("losing_gradients()")
+        return self.read(loss_scale)[2].reading(loss_scale.rule.name)
+
+    def _refuse_unmeasured(self, asked: str) -> None:
+        if not self.measured.looks_at(1):
+            raise RuntimeError(
+                f"{asked} needs measured gradients: build the scaler with measure_every=N "
+                "(every N-th iteration measured, from the first)"
+            )
 
     def __getstate__(self) -> dict[str, Any]:
         # Between iterations: what is kept uncounted is counted first, on the device.

@@ -23,7 +23,15 @@ from paddle.amp.grad_scaler import OptimizerState
 
 from . import distributed, kernels, optimizers, rules, validation
 from .loss_scale import LossScale
-from .monitoring import IterationEnd, Monitors, OnStuck, OverflowEntry, ScalerStats, UnderflowEntry
+from .monitoring import (
+    IterationEnd,
+    Monitors,
+    OnStuck,
+    OverflowEntry,
+    ScalerStats,
+    UnderflowEntry,
+    UnderflowReading,
+)
 from .pickling import TensorsOnHost
 from .rules import Rule, rule_from_arguments
 from .state_dict import parse_state_dict, saved_state
@@ -481,9 +489,9 @@ class AmpScaler(TensorsOnHost):
         if not self._enable:
             return {}
 
-        memory, stats, totals = self._monitors.read(self._loss_scale)
+        memory, stats, measured = self._monitors.read(self._loss_scale)
         run = self._monitors.run.state(stats)
-        return saved_state(self._rule, memory, run, self._use_dynamic_loss_scaling, totals)
+        return saved_state(self._rule, memory, run, self._use_dynamic_loss_scaling, measured)
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Load a state dict of this package's, Paddle's or PyTorch's scaler, whose scale
@@ -507,7 +515,7 @@ class AmpScaler(TensorsOnHost):
 
         self._loss_scale.load(rule, loaded.memory_at(rule, self._init_loss_scaling))
         self._use_dynamic_loss_scaling = loaded.use_dynamic_loss_scaling
-        self._monitors.load(loaded.stats, loaded.nonfinite_streak, loaded.measured)
+        self._monitors.load(loaded.stats, loaded.nonfinite_streak, loaded.measured, loaded.scale)
 
     def overflow_report(self, model: Any = None) -> list[OverflowEntry]:
         """The gradients that held inf or nan in the most recent iteration that found any
@@ -528,6 +536,14 @@ class AmpScaler(TensorsOnHost):
         Needs ``measure_every`` (or the headroom policy, which measures).
         """
         return self._monitors.underflow_report(model)
+
+    def losing_gradients(self) -> UnderflowReading:
+        """Whether the run loses gradients at float16's floor, and what to do: the recipe of
+        the docs applied to the subnormal share over the last measured iterations and to
+        the headroom at the current scale (reads the device). Needs ``measure_every`` (or
+        the headroom policy, which measures).
+        """
+        return self._monitors.losing_gradients(self._loss_scale)
 
     def check_consistency(self) -> None:
         """Raise ``RuntimeError`` naming the ranks whose scale, counters or statistics

@@ -14,7 +14,7 @@ import numpy as np
 import paddle
 
 from . import validation
-from .monitoring import ScalerStats, parse_stats_state
+from .monitoring import Measured, ScalerStats, parse_stats_state
 from .rules import RULES, IntervalRule, Memory, Rule, rule_named
 from .validation import FLOAT32_MAX
 
@@ -40,8 +40,8 @@ class SavedScaler:
     # policy's); without them (Paddle's, PyTorch's) the scaler's rule starts afresh.
     policy: str | None = None
     memory: dict[str, Any] | None = None
-    # The last finite measured iteration's totals (``Measurements``), where there is one.
-    measured: dict[str, float] | None = None
+    # What the measured iterations found, at the saved scale, where there is anything.
+    measured: Measured | None = None
 
     def rule_over(self, current: Rule) -> Rule:
         """The rule this record describes, for a scaler under ``current``: of the saved
@@ -90,11 +90,11 @@ class SavedScaler:
 
 
 def saved_state(
-    rule: Rule, memory: Memory, stats: dict[str, int], dynamic: bool, totals: list[float]
+    rule: Rule, memory: Memory, stats: dict[str, int], dynamic: bool, measured: Measured
 ) -> dict[str, Any]:
     """The state dict of a scaler under ``rule`` with ``memory``, the run's ``stats`` (as
-    ``RunStatistics.state`` gives them) and measured ``totals``: Paddle's keys, then this
-    package's.
+    ``RunStatistics.state`` gives them) and what was ``measured`` (at the scale saved):
+    Paddle's keys, then this package's.
     """
     state: dict[str, Any] = {
         "scale": np.array([memory.scale], dtype=np.float32),
@@ -110,9 +110,9 @@ def saved_state(
         "stats": stats,
     }
 
-    if any(totals):
-        amax, subnormal, nonzero = totals
-        state["measured"] = {"amax": amax, "subnormal": int(subnormal), "nonzero": int(nonzero)}
+    if any(measured):
+        counts = {key: int(getattr(measured, key)) for key in ("subnormal", "nonzero")}
+        state["measured"] = {**measured._asdict(), **counts}
 
     state["policy"] = rule.name
     if rule.state_key is not None:
@@ -209,21 +209,26 @@ def _parsed(state_dict: Mapping[str, Any]) -> SavedScaler:
     )
 
 
-# What ``measured`` holds: the largest magnitude, the subnormal and the nonzero elements.
-MEASURED_KEYS = ("amax", "subnormal", "nonzero")
+# What ``measured`` holds: ``Measured``'s fields. A dict saved before the window has the
+# first three only, and the window then starts at its last measured iteration.
+_COUNTED_KEYS = ("subnormal", "nonzero")
 
 
-def _measured_in(state_dict: Mapping[str, Any]) -> dict[str, float] | None:
+def _measured_in(state_dict: Mapping[str, Any]) -> Measured | None:
     if "measured" not in state_dict:
         return None
     value, name = state_dict["measured"], "state_dict['measured']"
-    validation.check_keys(value, name, MEASURED_KEYS)
-    return {
-        key: validation.check_number_within(value[key], f"{name}[{key!r}]", 0, FLOAT32_MAX)
-        if key == "amax"
-        else float(validation.check_int_within(value[key], f"{name}[{key!r}]", 0, 2**63 - 1))
-        for key in MEASURED_KEYS
+    if not (isinstance(value, Mapping) and set(value) == {"amax", *_COUNTED_KEYS}):
+        validation.check_keys(value, name, Measured._fields)
+
+    numbers = {
+        key: float(validation.check_int_within(value[key], f"{name}[{key!r}]", 0, 2**63 - 1))
+        if key in _COUNTED_KEYS
+        else validation.check_number_within(value[key], f"{name}[{key!r}]", 0, FLOAT32_MAX)
+        for key in value
     }
+    windowless = {"subnormal_window": numbers["subnormal"], "nonzero_window": numbers["nonzero"]}
+    return Measured(**{**windowless, **numbers})
 
 
 def _bounds_in(state_dict: Mapping[str, Any]) -> tuple[float, float | None] | None:
