@@ -94,9 +94,11 @@ class OverflowLocation:
         """One finding in words."""
         where = f"layer {origin.layer!r} ({self._kinds.get(origin.layer, '?')})"
         what = "the forward output of" if origin.phase == "forward" else "a gradient made by"
-        largest = "no finite value" if origin.largest is None else f"{origin.largest:.4g}"
+        largest = None if origin.largest is None else f"{origin.largest:.4g}"
         if origin.kind == "beyond float16":
             kind = f"beyond float16 (largest {largest} > {self.ceiling:g})"
+        elif largest is None:
+            kind = f"{origin.kind} (no finite value)"
         else:
             kind = f"{origin.kind} (largest finite {largest})"
         shape = f"shape {list(origin.shape)}, {origin.dtype}"
