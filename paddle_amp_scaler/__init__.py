@@ -24,13 +24,8 @@ from ._version import __version__
 from .autocast import amp_guard, auto_cast, custom_bwd, custom_fwd, decorate
 from .checkpoint import CheckpointError, load_checkpoint, read_checkpoint, save_checkpoint
 from .compat.keras import LossScaleOptimizer
-from .core.monitoring import (
-    LossScaleStuckError,
-    OverflowEntry,
-    ScalerStats,
-    UnderflowEntry,
-    UnderflowReading,
-)
+from .core.monitoring import LossScaleStuckError, ScalerStats
+from .core.reports import OverflowEntry, UnderflowEntry, UnderflowReading
 from .core.scaler import AmpScaler, GradScaler
 from .core.validation import UnknownArgumentError
 from .install import install, uninstall

@@ -14,7 +14,7 @@ from counters import HostReadCounter
 
 from paddle_amp_scaler import AmpScaler, GradScaler
 from paddle_amp_scaler.compat import torch as torch_face
-from paddle_amp_scaler.core.monitoring import Measured
+from paddle_amp_scaler.core.reports import Measured
 from paddle_amp_scaler.core.rules import HeadroomRule, IntervalRule
 
 from helpers import GradInjector, Writer, batches, loss_of, make_model

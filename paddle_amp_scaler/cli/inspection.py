@@ -15,7 +15,7 @@ import numpy as np
 
 from ..checkpoint import Checkpoint, CheckpointError, inspect_checkpoint
 from ..checkpoint.file_format import not_loaded_in, unbuilt
-from ..core.monitoring import Measured
+from ..core.reports import Measured
 from ..core.rules import IntervalRule
 from ..core.state_dict import parse_state_dict
 from .report import line

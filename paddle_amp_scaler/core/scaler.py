@@ -23,16 +23,10 @@ from paddle.amp.grad_scaler import OptimizerState
 
 from . import distributed, kernels, optimizers, rules, validation
 from .loss_scale import LossScale
-from .monitoring import (
-    IterationEnd,
-    Monitors,
-    OnStuck,
-    OverflowEntry,
-    ScalerStats,
-    UnderflowEntry,
-    UnderflowReading,
-)
+from .monitor import IterationEnd
+from .monitoring import Monitors, OnStuck, ScalerStats
 from .pickling import TensorsOnHost
+from .reports import OverflowEntry, UnderflowEntry, UnderflowReading
 from .rules import Rule, rule_from_arguments
 from .state_dict import parse_state_dict, saved_state
 from .step import SKIPPED, OptimizerStep, Stepping, Verdict

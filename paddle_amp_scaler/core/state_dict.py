@@ -14,7 +14,8 @@ import numpy as np
 import paddle
 
 from . import validation
-from .monitoring import Measured, ScalerStats, parse_stats_state
+from .monitoring import ScalerStats, parse_stats_state
+from .reports import Measured
 from .rules import RULES, IntervalRule, Memory, Rule, rule_named
 from .validation import FLOAT32_MAX
 

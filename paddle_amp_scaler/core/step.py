@@ -29,7 +29,7 @@ from . import distributed, kernels, optimizers
 
 if TYPE_CHECKING:
     from .loss_scale import LossScale
-    from .monitoring import Monitor
+    from .monitor import Monitor
 
 logger = logging.getLogger("paddle_amp_scaler")
 
