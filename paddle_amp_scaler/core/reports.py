@@ -51,8 +51,8 @@ class UnderflowEntry:
         subnormal: its elements in float16's subnormal range (``0 < |g| < 2**-14``),
             the first to flush to zero.
         nonzero: its nonzero elements.
-        headroom_bits: ``log2(65504 / amax)`` of its largest magnitude: how many
-            doublings of the scale it had left before inf (None: all zero).
+        headroom_bits: ``log2(65504 / amax)`` of its largest magnitude at the current
+            scale: how many doublings that scale leaves it before inf (None: all zero).
     """
 
     name: str

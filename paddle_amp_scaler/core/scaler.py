@@ -523,9 +523,10 @@ class AmpScaler(TensorsOnHost):
 
     def underflow_report(self, model: Any = None) -> list[UnderflowEntry]:
         """Each gradient as the last finite measured iteration found it (reads the device):
-        its share of nonzero elements in float16's subnormal range and its headroom,
-        lowest first, named as by ``overflow_report`` (a model that holds none of the
-        parameters is refused); empty before any measurement.
+        its share of nonzero elements in float16's subnormal range and its headroom at the
+        current scale, lowest first and those all subnormal (noise) last, named as by
+        ``overflow_report`` (a model that holds none of the parameters is refused); empty
+        before any measurement.
 
         Needs ``measure_every`` (or the headroom policy, which measures).
         """
