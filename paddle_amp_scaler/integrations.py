@@ -88,9 +88,9 @@ def log_stats(writer: Any, scaler: Any, step: int, prefix: str = "amp/") -> Scal
 class ScalerCallback(paddle.callbacks.Callback):  # type: ignore[misc]
     """Puts ``loss_scale``, ``skipped``, ``nonfinite_loss`` and, where the scaler measures
     the gradients, ``headroom_bits`` and ``subnormal_fraction`` in ``paddle.Model.fit``'s
-    logs at each
-    logged step, so that its progress bar prints them and ``paddle.callbacks.VisualDL``
-    writes them (``train/loss_scale``, ...), in any order of the callbacks.
+    logs at each logged step, so that its progress bar prints them and
+    ``paddle.callbacks.VisualDL`` writes them (``train/loss_scale``, ...), in any order of
+    the callbacks.
 
     Args:
         scaler: the scaler to read; None: the one the model trains with (the one

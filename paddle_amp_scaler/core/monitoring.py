@@ -152,7 +152,7 @@ class RunStatistics(Monitor, TensorsOnHost):
         # Whether ``scale()`` has ever seen a loss, and whether this iteration's were all
         # finite (a bool tensor; None before the first of them).
         self.saw_loss = False
-        self._loss_finite: Tensor | None = None
+        self.loss_finite: Tensor | None = None
         # The latest run of iterations with a non-finite loss, as last read.
         self.nonfinite_streak = 0
 
@@ -165,24 +165,19 @@ class RunStatistics(Monitor, TensorsOnHost):
         if finite.ndim:
             finite = finite.all()
 
-        if self._loss_finite is not None:
-            finite = paddle.logical_and(self._loss_finite, finite)
-        self._loss_finite, self.saw_loss = finite, True
-
-    @property
-    def loss_finite(self) -> Tensor | None:
-        """Whether this iteration's losses were all finite (None before one is seen)."""
-        return self._loss_finite
+        if self.loss_finite is not None:
+            finite = paddle.logical_and(self.loss_finite, finite)
+        self.loss_finite, self.saw_loss = finite, True
 
     def end_iteration(self, end: IterationEnd) -> None:
         """Count one iteration; nothing is read."""
         # Kept as it came: a host bool where the verdict reached the host, else the flag.
         verdict = end.verdict
         found = verdict.flag if verdict.on_host is None else verdict.on_host
-        loss_finite = True if self._loss_finite is None else self._loss_finite
+        loss_finite = True if self.loss_finite is None else self.loss_finite
         self.iterations += 1
         self._pending.append((found, end.acted, loss_finite))
-        self._loss_finite = None
+        self.loss_finite = None
 
         if len(self._pending) == _FOLD_EVERY:
             self.count_pending()
@@ -271,7 +266,7 @@ class RunStatistics(Monitor, TensorsOnHost):
         return state
 
     def load(self, stats: ScalerStats, nonfinite_streak: int) -> None:
-        self._pending, self._loss_finite = [], None
+        self._pending, self.loss_finite = [], None
 
         since_skip = 0 if stats.last_skipped is None else stats.iterations - stats.last_skipped
         counts = [stats.skipped, stats.skip_streak, since_skip, stats.growths, stats.backoffs]
