@@ -411,6 +411,24 @@ def test_nonfinite_loss_counts_each_iteration_once_whose_loss_was_inf_or_nan(
             assert run.scaler.stats().nonfinite_loss == expected, index
 
 
+def test_an_uncounted_iteration_leaves_its_loss_behind():
+    # An iteration with no gradient to check ends uncounted; an inf loss handed to scale()
+    # in it must not be counted against the next iteration, whose loss is finite.
+    param = paddle.create_parameter([4], "float32")
+    optimizer = paddle.optimizer.SGD(learning_rate=1e-3, parameters=[param])
+    scaler = GradScaler()
+    scaler.scale(paddle.to_tensor(math.inf))
+    with pytest.warns(UserWarning, match="nothing was checked"):
+        scaler.step(optimizer)
+    scaler.update()
+    scaler.scale(paddle.to_tensor(1.0))
+    param._set_grad_ivar(paddle.ones([4]))
+    scaler.step(optimizer)
+    scaler.update()
+    stats = scaler.stats()
+    assert (stats.iterations, stats.nonfinite_loss) == (1, 0)
+
+
 def test_nonfinite_loss_is_none_for_a_scaler_that_never_saw_a_loss():
     run = Run(GradScaler())
     run.iteration(True)

@@ -313,7 +313,9 @@ class AmpScaler(TensorsOnHost):
 
         verdict = Verdict(found) if found is not None else Verdict.of_steps(stepped)
         if verdict is None:
-            # Nothing was observed: nothing for the rule, nothing to count.
+            # Nothing was observed: nothing for the rule, nothing to count, and its losses
+            # are not the next iteration's.
+            self._monitors.run.loss_finite = None
             return True
 
         loss_finite = self._monitors.run.loss_finite
